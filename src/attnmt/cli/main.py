@@ -1,0 +1,120 @@
+"""The `attnmt` command: thin wrappers that read flags and call the library."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from attnmt.errors import UserError
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="config file, optionally with an argument: configs/wmt14_ende.py:variant=big",
+    )
+
+
+def _experiment(args: argparse.Namespace, overrides: Sequence[str]):
+    from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+    from attnmt.experiment import Experiment
+
+    config = load_config_file(args.config)
+    apply_command_line_overrides(config, overrides)
+    return Experiment.from_mapping(config)
+
+
+def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    experiment = _experiment(args, overrides)
+    from attnmt.train.loop import train
+
+    result = train(experiment, args.workdir)
+    print(f"stopped at step {result.step}: {result.stopped_because}")
+    return 0
+
+
+def _cmd_params(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    experiment = _experiment(args, overrides)
+    from attnmt.model.param_count import count_parameters, format_breakdown
+
+    counts = count_parameters(experiment.model)
+    print(format_breakdown(counts, depth=args.depth))
+    return 0
+
+
+def _cmd_vocab(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    experiment = _experiment(args, overrides)
+    from attnmt.data.prepare import ensure_vocab, vocab_path
+
+    tokenizer = ensure_vocab(experiment.data, experiment.model.vocab_size, args.workdir)
+    path = vocab_path(experiment.data, args.workdir)
+    print(f"vocabulary of {tokenizer.vocab_size} tokens at {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnmt",
+        description="Train and use the Transformer of 'Attention Is All You Need'. Any config "
+        "key can be overridden with --config.section.key=value.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train, or resume the run in --workdir")
+    _add_config_arguments(train)
+    train.add_argument("--workdir", required=True, help="checkpoints, logs, vocabulary")
+    train.set_defaults(handler=_cmd_train)
+
+    params = commands.add_parser("params", help="parameter count with a per-module breakdown")
+    _add_config_arguments(params)
+    params.add_argument("--depth", type=int, default=2, help="module nesting depth shown")
+    params.set_defaults(handler=_cmd_params)
+
+    vocab = commands.add_parser("vocab", help="train the shared sentencepiece vocabulary")
+    _add_config_arguments(vocab)
+    vocab.add_argument("--workdir", required=True)
+    vocab.set_defaults(handler=_cmd_vocab)
+    return parser
+
+
+def _split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separates `--config.a.b=v` / `--config.a.b v` from the ordinary flags."""
+    rest, overrides = [], []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item.startswith("--config."):
+            if "=" not in item and i + 1 < len(items):
+                item = f"{item}={items[i + 1]}"
+                i += 1
+            overrides.append(item)
+        else:
+            rest.append(item)
+        i += 1
+    return rest, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    rest, overrides = _split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
+    try:
+        return args.handler(args, overrides)
+    except UserError as error:
+        print(f"attnmt {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except FloatingPointError as error:
+        print(f"attnmt {args.command}: stopped: {error}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

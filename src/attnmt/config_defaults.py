@@ -1,0 +1,119 @@
+"""Helpers for config files: the full default ConfigDict and the paper's variants.
+
+Defaults come from the typed dataclasses, so there is one source of truth for each key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from attnmt.config_types import defaults_of
+from attnmt.data.config import DataConfig
+from attnmt.decode.config import DecodeConfig
+from attnmt.errors import ConfigError
+from attnmt.model.config import ModelConfig
+from attnmt.train.config import TrainConfig
+from attnmt.train.optim import OptimConfig
+from attnmt.variants import variant_overrides
+
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "decode": DecodeConfig,
+}
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key with its default (the base model of the paper, trained on WMT'14 En-De)."""
+    config = ml_collections.ConfigDict()
+    for section, cls in SECTIONS.items():
+        config[section] = ml_collections.ConfigDict(defaults_of(cls))
+    return config
+
+
+def set_dotted(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
+    """config["a.b"] = value, refusing keys the config does not have."""
+    *parents, leaf = dotted.split(".")
+    node = config
+    for name in parents:
+        if name not in node:
+            raise ConfigError(f"unknown config key {dotted!r} (no section {name!r})")
+        node = node[name]
+    if leaf not in node:
+        raise ConfigError(f"unknown config key {dotted!r}")
+    node[leaf] = value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
+    for dotted, value in overrides.items():
+        set_dotted(config, dotted, value)
+
+
+def apply_variant(config: ml_collections.ConfigDict, variant: str, language_pair: str) -> None:
+    try:
+        overrides = variant_overrides(variant, language_pair)
+    except KeyError as error:
+        raise ConfigError(str(error.args[0])) from None
+    apply_overrides(config, overrides)
+
+
+def parse_config_arg(arg: str | None, **defaults: Any) -> dict[str, Any]:
+    """Parses the `:a=1,b=x` suffix of `--config file.py:a=1,b=x` into typed values.
+
+    The types are those of `defaults`; an unknown name is refused.
+    """
+    values = dict(defaults)
+    if not arg:
+        return values
+    for item in arg.split(","):
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep and "variant" in defaults and len(arg.split(",")) == 1:
+            name, raw = "variant", item  # `file.py:big` means variant=big
+        if name not in defaults:
+            raise ConfigError(f"unknown config argument {name!r}; known: {', '.join(defaults)}")
+        values[name] = _parse_like(defaults[name], raw.strip(), name)
+    return values
+
+
+def _parse_like(example: Any, raw: str, name: str) -> Any:
+    if isinstance(example, bool):
+        if raw.lower() in ("1", "true", "yes"):
+            return True
+        if raw.lower() in ("0", "false", "no"):
+            return False
+        raise ConfigError(f"config argument {name} must be true/false, got {raw!r}")
+    if isinstance(example, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"config argument {name} must be an integer, got {raw!r}") from None
+    return raw
+
+
+def shrink_for_cpu(config: ml_collections.ConfigDict) -> None:
+    """The "runlocal" switch: any config becomes a model and batch a laptop CPU trains."""
+    apply_overrides(
+        config,
+        {
+            "model.d_model": 64,
+            "model.d_ff": 128,
+            "model.num_heads": 4,
+            "model.d_k": 16,
+            "model.d_v": 16,
+            "model.num_layers": 2,
+            "model.vocab_size": 2000,
+            "data.tokens_per_batch": 1024,
+            "data.max_length": 64,
+            "data.vocab_max_sentences": 50_000,
+            "optim.warmup_steps": 100,
+            "train.num_steps": 200,
+            "train.log_every_steps": 10,
+            "train.eval_every_steps": 100,
+            "train.checkpoint_every_steps": 100,
+        },
+    )

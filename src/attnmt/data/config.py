@@ -1,0 +1,55 @@
+"""Typed configuration of the input pipeline (the `data` section of a config file)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from attnmt.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    source: Literal["multi30k", "tfds", "files"] = "multi30k"
+    tfds_name: str = ""  # e.g. "wmt14_translate/de-en" when source == "tfds"
+    data_dir: str = ""  # local copy (multi30k), TFDS data_dir, or "" for the default
+    download_url: str = ""  # multi30k: where to download from when no local copy exists
+    src_path: str = ""  # files: template such as "corpus/{split}.{src}" (plain or .gz)
+    tgt_path: str = ""  # files: template such as "corpus/{split}.{tgt}"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_split: str = "train"
+    eval_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    vocab_path: str = ""  # "" = <workdir>/vocab.model, trained on first use (model.vocab_size)
+    vocab_model_type: Literal["bpe", "unigram"] = "bpe"
+    vocab_max_sentences: int = 2_000_000
+    max_length: int = 256  # tokens incl. EOS; longer training pairs are counted and dropped
+    tokens_per_batch: int = 25_000  # per side, per optimizer step (§5.1: ≈25k + 25k)
+    min_bucket_length: int = 8
+    batch_multiple: int = 8  # batch sizes are multiples of this (device counts divide it)
+    eval_tokens_per_batch: int = 0  # 0 = same as tokens_per_batch
+
+    def require_source_keys(self) -> None:
+        """Checked when data is actually read, so `attnmt params` works without paths."""
+        if self.source == "tfds" and not self.tfds_name:
+            raise ConfigError("data.tfds_name is required when data.source == 'tfds'")
+        if self.source == "files" and not (self.src_path and self.tgt_path):
+            raise ConfigError(
+                "data.src_path and data.tgt_path are required when data.source == 'files'"
+            )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_max_sentences",
+            "max_length",
+            "tokens_per_batch",
+            "min_bucket_length",
+            "batch_multiple",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if self.eval_tokens_per_batch < 0:
+            raise ConfigError("data.eval_tokens_per_batch must be ≥ 0")
+        if self.min_bucket_length > self.max_length:
+            raise ConfigError("data.min_bucket_length must not exceed data.max_length")

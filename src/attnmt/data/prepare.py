@@ -1,0 +1,91 @@
+"""From a DataConfig to a vocabulary and tokenized, cached corpora (no jax here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from attnmt.data import sources
+from attnmt.data.config import DataConfig
+from attnmt.data.pipeline import FilterStats, TokenizedCorpus
+from attnmt.data.tokenizer import Tokenizer, train_vocab
+
+log = logging.getLogger(__name__)
+
+
+def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
+    """Reads one split's (source, target) sentence pairs from the configured source."""
+    config.require_source_keys()
+    options: dict[str, str] = {}
+    if config.source == "multi30k":
+        options = {"data_dir": config.data_dir or None, "download_url": config.download_url or None}
+    elif config.source == "tfds":
+        options = {"name": config.tfds_name, "data_dir": config.data_dir or None}
+    elif config.source == "files":
+        options = {"src_path": config.src_path, "tgt_path": config.tgt_path}
+    return list(
+        sources.load_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
+    )
+
+
+def vocab_path(config: DataConfig, workdir: str | Path) -> Path:
+    return Path(config.vocab_path) if config.vocab_path else Path(workdir) / "vocab.model"
+
+
+def ensure_vocab(config: DataConfig, vocab_size: int, workdir: str | Path) -> Tokenizer:
+    """Loads the shared vocabulary, training it on the training split first if absent."""
+    path = vocab_path(config, workdir)
+    if not path.exists():
+        log.info(
+            "training a %d-token %s vocabulary at %s", vocab_size, config.vocab_model_type, path
+        )
+        pairs = load_split(config, config.train_split)
+        texts = (text for pair in pairs for text in pair)
+        train_vocab(
+            texts,
+            path,
+            vocab_size=vocab_size,
+            model_type=config.vocab_model_type,
+            max_sentences=config.vocab_max_sentences,
+        )
+    return Tokenizer.load(path)
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def tokenized_split(
+    config: DataConfig, tokenizer_path: Path, tokenizer: Tokenizer, split: str, workdir: str | Path
+) -> tuple[TokenizedCorpus, FilterStats]:
+    """Tokenizes a split once and caches it in <workdir>/data/, keyed by everything that
+    changes the result (source, split, languages, vocabulary bytes, max length)."""
+    key = json.dumps(
+        [
+            config.source,
+            config.tfds_name,
+            config.data_dir,
+            config.src_path,
+            config.tgt_path,
+            config.src_lang,
+            config.tgt_lang,
+            split,
+            config.max_length,
+            _file_digest(tokenizer_path),
+        ]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    cache = Path(workdir) / "data" / f"{split}-{digest}.npz"
+    stats_file = cache.with_suffix(".stats.json")
+    if cache.exists() and stats_file.exists():
+        stats = FilterStats(**json.loads(stats_file.read_text()))
+        return TokenizedCorpus.load(cache), stats
+    corpus, stats = TokenizedCorpus.from_pairs(
+        load_split(config, split), tokenizer, config.max_length
+    )
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    corpus.save(cache)
+    stats_file.write_text(json.dumps(stats.__dict__))
+    return corpus, stats

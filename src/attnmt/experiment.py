@@ -1,0 +1,67 @@
+"""One typed bundle of every section of a config, validated before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from attnmt.config_types import from_mapping
+from attnmt.data.config import DataConfig
+from attnmt.decode.config import DecodeConfig
+from attnmt.errors import ConfigError
+from attnmt.model.config import ModelConfig
+from attnmt.train.config import TrainConfig
+from attnmt.train.optim import OptimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    decode: DecodeConfig
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> Experiment:
+        """Validates a ConfigDict (or nested dict): unknown sections/keys, types, ranges."""
+        config = _to_dict(config)
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - set(sections))
+        if unknown:
+            raise ConfigError(
+                f"unknown config section(s) {', '.join(unknown)}; known: {', '.join(sections)}"
+            )
+        types = {
+            "model": ModelConfig,
+            "data": DataConfig,
+            "optim": OptimConfig,
+            "train": TrainConfig,
+            "decode": DecodeConfig,
+        }
+        parts = {name: from_mapping(types[name], config.get(name, {}), name) for name in types}
+        experiment = cls(**parts)
+        experiment._check_consistency()
+        return experiment
+
+    def _check_consistency(self) -> None:
+        if self.model.positional == "learned" and self.model.max_length < self.data.max_length:
+            raise ConfigError(
+                f"model.max_length={self.model.max_length} is shorter than "
+                f"data.max_length={self.data.max_length}: learned positions would run out"
+            )
+        if self.data.tokens_per_batch < self.data.batch_multiple * self.data.min_bucket_length:
+            raise ConfigError(
+                f"data.tokens_per_batch={self.data.tokens_per_batch} cannot hold even "
+                f"data.batch_multiple={self.data.batch_multiple} sentences of the shortest bucket"
+            )
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}

@@ -1,0 +1,83 @@
+"""Typed, validated model configuration (PAPER.md "Architecture")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from attnmt.config_types import from_mapping
+from attnmt.errors import ConfigError
+
+# Token ids fixed across the project (data/tokenizer.py trains vocabularies with these ids).
+PAD_ID = 0
+EOS_ID = 1
+BOS_ID = 2
+UNK_ID = 3
+NUM_SPECIAL_TOKENS = 4
+
+Positional = Literal["sinusoidal", "learned"]
+DType = Literal["float32", "bfloat16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and switches of the encoder-decoder Transformer.
+
+    `d_k` and `d_v` are independent of `d_model / num_heads`: Table 3 row (B) changes d_k
+    alone, so nothing here derives one from the others.
+    """
+
+    vocab_size: int = 37_000
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    d_k: int = 64
+    d_v: int = 64
+    num_layers: int = 6  # N, in both the encoder and the decoder stack
+    dropout_rate: float = 0.1  # §5.4 residual dropout P_drop
+    attention_dropout_rate: float = 0.0  # on attention weights; §6.3 tunes it
+    positional: Positional = "sinusoidal"  # "learned" is Table 3 row (E)
+    max_length: int = 256  # longest position a learned embedding covers
+    share_embeddings: bool = True  # §3.4: one matrix for source, target and pre-softmax
+    dtype: DType = "float32"  # compute dtype; parameters always stay float32
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "d_model",
+            "d_ff",
+            "num_heads",
+            "d_k",
+            "d_v",
+            "num_layers",
+            "max_length",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
+        if self.vocab_size <= NUM_SPECIAL_TOKENS:
+            raise ConfigError(
+                f"model.vocab_size={self.vocab_size} leaves no room beyond the "
+                f"{NUM_SPECIAL_TOKENS} special tokens (pad, eos, bos, unk)"
+            )
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ConfigError(
+                f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}"
+            )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not self.share_embeddings:
+            raise ConfigError(
+                "model.share_embeddings=False is not supported: the paper ties source, target "
+                "and output embeddings over one shared vocabulary"
+            )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ModelConfig:
+        """Builds a config from a (ConfigDict) mapping, naming any unknown or mistyped key."""
+        return from_mapping(cls, values, "model")

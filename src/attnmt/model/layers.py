@@ -1,0 +1,271 @@
+"""Building blocks of the Transformer (PAPER.md "Architecture", §3.2-§3.5).
+
+Every parameter carries logical axis names from `attnmt.axes` and so do the main
+activations; `attnmt.parallel.sharding` maps them to a device mesh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnmt import axes
+from attnmt.model.config import ModelConfig
+
+# A large finite negative: -inf would turn a fully masked row into NaN.
+_MASKED = -1e9
+
+
+def compute_dtype(config: ModelConfig) -> jnp.dtype:
+    return jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
+
+
+def _partitioned(init: nn.initializers.Initializer, names: tuple[str, ...]):
+    return nn.with_logical_partitioning(init, names)
+
+
+def constrain(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
+    """Annotates an activation with logical axes (a no-op without sharding rules)."""
+    return nn.with_logical_constraint(x, names)
+
+
+class SharedEmbedding(nn.Module):
+    """§3.4: one matrix embeds source and target tokens and projects to vocabulary logits."""
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        d_model = self.config.d_model
+        # std d_model^-0.5 makes the embedding × √d_model unit-variance, like the
+        # sinusoids it is added to.
+        self.embedding = self.param(
+            "embedding",
+            _partitioned(nn.initializers.normal(stddev=d_model**-0.5), (axes.VOCAB, axes.EMBED)),
+            (self.config.vocab_size, d_model),
+            jnp.float32,
+        )
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """[batch, length] int → [batch, length, embed], scaled by √d_model (§3.4)."""
+        dtype = compute_dtype(self.config)
+        embedded = jnp.take(self.embedding, tokens, axis=0).astype(dtype)
+        return embedded * jnp.asarray(math.sqrt(self.config.d_model), dtype)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Pre-softmax linear layer with the shared matrix: [.., embed] → [.., vocab]."""
+        dtype = compute_dtype(self.config)
+        return jnp.einsum("ble,ve->blv", x.astype(dtype), self.embedding.astype(dtype))
+
+
+def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)."""
+    positions = np.arange(length, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+    angles = positions / np.power(10000.0, two_i / d_model)
+    table = np.zeros((length, d_model), dtype=np.float64)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+    return table.astype(np.float32)
+
+
+class PositionalEncoding(nn.Module):
+    """Adds sinusoidal (§3.5) or learned (Table 3 row E) position encodings."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
+        """x: [batch, length, embed]; `offset` is the first position (incremental decoding)."""
+        length, d_model = x.shape[1], x.shape[2]
+        if self.config.positional == "learned":
+            table = self.param(
+                "position_embedding",
+                _partitioned(nn.initializers.normal(stddev=d_model**-0.5), (None, axes.EMBED)),
+                (self.config.max_length, d_model),
+                jnp.float32,
+            )
+        else:
+            # Long enough for any decode step; a constant folded by XLA.
+            table = jnp.asarray(sinusoidal_table(max(self.config.max_length, length), d_model))
+        positions = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
+        return x + positions[None].astype(x.dtype)
+
+
+def dot_product_attention_weights(
+    query: jax.Array, key: jax.Array, mask: jax.Array | None
+) -> jax.Array:
+    """softmax(Q Kᵀ / √d_k) with illegal connections masked (§3.2.1).
+
+    query [batch, q_len, heads, d_k], key [batch, kv_len, heads, d_k],
+    mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend).
+    Returns float32 weights [batch, heads, q_len, kv_len].
+    """
+    d_k = query.shape[-1]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(d_k)
+    if mask is not None:
+        logits = jnp.where(mask, logits, _MASKED)
+    return jax.nn.softmax(logits, axis=-1)
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2 MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, with an optional decode cache.
+
+    Modes: plain (training / full forward); `decode=True` self-attention that appends one
+    position at a time to a key/value cache; `decode=True` with `static_kv=True` for
+    encoder-decoder attention, whose projected keys/values are computed once per sentence
+    and kept in the cache. Attention weights are sown into "intermediates" only when the
+    caller makes that collection mutable.
+    """
+
+    config: ModelConfig
+    static_kv: bool = False  # keys/values come from the encoder output
+
+    def _project(self, x: jax.Array, size: int, name: str) -> jax.Array:
+        dense = nn.DenseGeneral(
+            features=(self.config.num_heads, size),
+            use_bias=False,
+            kernel_init=_partitioned(
+                nn.initializers.xavier_uniform(), (axes.EMBED, axes.HEADS, axes.KV)
+            ),
+            dtype=compute_dtype(self.config),
+            param_dtype=jnp.float32,
+            name=name,
+        )
+        return dense(x)
+
+    def _keys_values(self, inputs_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+        key = self._project(inputs_kv, self.config.d_k, "key")  # [batch, kv_len, heads, d_k]
+        value = self._project(inputs_kv, self.config.d_v, "value")  # [batch, kv_len, heads, d_v]
+        return key, value
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array,
+        mask: jax.Array | None,
+        *,
+        train: bool,
+        decode: bool = False,
+        max_decode_len: int = 0,
+    ) -> jax.Array:
+        cfg = self.config
+        query = self._project(inputs_q, cfg.d_k, "query")  # [batch, q_len, heads, d_k]
+        query = constrain(query, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
+        if decode and self.static_kv:
+            key, value = self._cached_encoder_kv(inputs_kv)
+        elif decode:
+            key, value, mask = self._append_to_cache(inputs_kv, max_decode_len)
+        else:
+            key, value = self._keys_values(inputs_kv)
+        key = constrain(key, (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV))
+        value = constrain(value, (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV))
+
+        weights = dot_product_attention_weights(query, key, mask)
+        self.sow("intermediates", "attention_weights", weights)
+        if train and cfg.attention_dropout_rate > 0:
+            weights = nn.Dropout(rate=cfg.attention_dropout_rate)(weights, deterministic=False)
+        heads = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+        heads = constrain(heads, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
+        output = nn.DenseGeneral(
+            features=cfg.d_model,
+            axis=(-2, -1),
+            use_bias=False,
+            kernel_init=_partitioned(
+                nn.initializers.xavier_uniform(), (axes.HEADS, axes.KV, axes.EMBED)
+            ),
+            dtype=compute_dtype(cfg),
+            param_dtype=jnp.float32,
+            name="out",
+        )(heads)
+        return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))
+
+    def _cached_encoder_kv(self, inputs_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # Projected once when the cache is created, then reused at every step.
+        created = not self.has_variable("cache", "cached_key")
+        if created:
+            key, value = self._keys_values(inputs_kv)
+        else:
+            key = value = None
+        cached_key = self.variable("cache", "cached_key", lambda: key)
+        cached_value = self.variable("cache", "cached_value", lambda: value)
+        return cached_key.value, cached_value.value
+
+    def _append_to_cache(
+        self, inputs_kv: jax.Array, max_decode_len: int
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cfg = self.config
+        batch = inputs_kv.shape[0]
+        dtype = compute_dtype(cfg)
+        created = not self.has_variable("cache", "cached_key")
+        if created and max_decode_len <= 0:
+            raise ValueError("max_decode_len must be positive when creating a decode cache")
+        cached_key = self.variable(
+            "cache", "cached_key", jnp.zeros, (batch, max_decode_len, cfg.num_heads, cfg.d_k), dtype
+        )
+        cached_value = self.variable(
+            "cache",
+            "cached_value",
+            jnp.zeros,
+            (batch, max_decode_len, cfg.num_heads, cfg.d_v),
+            dtype,
+        )
+        index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        key, value = self._keys_values(inputs_kv)  # [batch, 1, heads, d]
+        if created:
+            # Creating the cache only records shapes; nothing is decoded yet.
+            return key, value, jnp.ones((1, 1, 1, 1), bool)
+        i = index.value
+        cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=1)
+        cached_value.value = jax.lax.dynamic_update_slice_in_dim(
+            cached_value.value, value, i, axis=1
+        )
+        index.value = i + 1
+        length = cached_key.value.shape[1]
+        # Causal mask for the single query at position i: keys 0..i are visible.
+        mask = (jnp.arange(length) <= i)[None, None, None, :]
+        return cached_key.value, cached_value.value, mask
+
+
+class FeedForward(nn.Module):
+    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        dtype = compute_dtype(cfg)
+        hidden = nn.Dense(
+            cfg.d_ff,
+            dtype=dtype,
+            param_dtype=jnp.float32,
+            kernel_init=_partitioned(nn.initializers.xavier_uniform(), (axes.EMBED, axes.MLP)),
+            bias_init=_partitioned(nn.initializers.zeros, (axes.MLP,)),
+            name="wi",
+        )(x)
+        hidden = constrain(nn.relu(hidden), (axes.BATCH, axes.LENGTH, axes.MLP))
+        output = nn.Dense(
+            cfg.d_model,
+            dtype=dtype,
+            param_dtype=jnp.float32,
+            kernel_init=_partitioned(nn.initializers.xavier_uniform(), (axes.MLP, axes.EMBED)),
+            bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)),
+            name="wo",
+        )(hidden)
+        return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=1e-6,
+        dtype=compute_dtype(config),
+        param_dtype=jnp.float32,
+        scale_init=_partitioned(nn.initializers.ones, (axes.EMBED,)),
+        bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)),
+        name=name,
+    )

@@ -1,0 +1,185 @@
+"""The encoder-decoder Transformer (§3.1): stacks, masks, encode / decode / __call__."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from attnmt import axes
+from attnmt.model.config import BOS_ID, PAD_ID, ModelConfig
+from attnmt.model.layers import (
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    SharedEmbedding,
+    constrain,
+    layer_norm,
+)
+
+
+def padding_mask(query_tokens: jax.Array | None, key_tokens: jax.Array) -> jax.Array:
+    """[batch, 1, 1|q_len, kv_len] True where the key is a real token."""
+    del query_tokens  # outputs at padded query positions are ignored downstream
+    return (key_tokens != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length: int) -> jax.Array:
+    """[1, 1, length, length] True where key position ≤ query position."""
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def shift_right(tgt_tokens: jax.Array) -> jax.Array:
+    """Decoder input: BOS followed by the target without its last position."""
+    bos = jnp.full((tgt_tokens.shape[0], 1), BOS_ID, dtype=tgt_tokens.dtype)
+    return jnp.concatenate([bos, tgt_tokens[:, :-1]], axis=1)
+
+
+class DecodePosition(nn.Module):
+    """Counts decoded positions in the cache so positional encodings line up."""
+
+    @nn.compact
+    def __call__(self) -> jax.Array:
+        created = not self.has_variable("cache", "position")
+        position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+        current = position.value
+        if not created:
+            position.value = current + 1
+        return current
+
+
+class Residual(nn.Module):
+    """§5.4 post-norm sub-layer wrapper: LayerNorm(x + Dropout(Sublayer(x)))."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, sublayer_output: jax.Array, *, train: bool) -> jax.Array:
+        dropped = nn.Dropout(rate=self.config.dropout_rate)(
+            sublayer_output, deterministic=not train
+        )
+        return layer_norm(self.config, "norm")(x + dropped)
+
+
+class EncoderLayer(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, *, train: bool) -> jax.Array:
+        attended = MultiHeadAttention(self.config, name="self_attention")(x, x, mask, train=train)
+        x = Residual(self.config, name="self_attention_residual")(x, attended, train=train)
+        fed = FeedForward(self.config, name="ffn")(x)
+        return Residual(self.config, name="ffn_residual")(x, fed, train=train)
+
+
+class DecoderLayer(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        encoded: jax.Array,
+        self_mask: jax.Array | None,
+        cross_mask: jax.Array,
+        *,
+        train: bool,
+        decode: bool,
+        max_decode_len: int,
+    ) -> jax.Array:
+        cfg = self.config
+        attended = MultiHeadAttention(cfg, name="self_attention")(
+            x, x, self_mask, train=train, decode=decode, max_decode_len=max_decode_len
+        )
+        x = Residual(cfg, name="self_attention_residual")(x, attended, train=train)
+        attended = MultiHeadAttention(cfg, static_kv=True, name="cross_attention")(
+            x, encoded, cross_mask, train=train, decode=decode
+        )
+        x = Residual(cfg, name="cross_attention_residual")(x, attended, train=train)
+        fed = FeedForward(cfg, name="ffn")(x)
+        return Residual(cfg, name="ffn_residual")(x, fed, train=train)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with a shared source/target/output embedding.
+
+    `__call__(src_tokens, tgt_tokens)` returns float32 logits [batch, tgt_len, vocab] for
+    teacher forcing: position t predicts tgt_tokens[:, t] from tgt_tokens[:, :t].
+    Incremental decoding: `encode` once, build the cache with `decode(..., decode=True,
+    max_decode_len=L)` under `mutable=["cache"]`, then call `decode` one token at a time.
+    """
+
+    config: ModelConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embed = SharedEmbedding(cfg)
+        self.encoder_positions = PositionalEncoding(cfg)
+        self.decoder_positions = PositionalEncoding(cfg)
+        self.encoder_layers = [
+            EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)
+        ]
+        self.decoder_layers = [
+            DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
+        ]
+        self.embedding_dropout = nn.Dropout(rate=cfg.dropout_rate)
+        self.decode_position = DecodePosition()
+
+    def _embed(
+        self, tokens: jax.Array, positions: PositionalEncoding, offset: jax.Array | int, train: bool
+    ) -> jax.Array:
+        x = positions(self.embed(tokens), offset)
+        # §5.4: dropout on the sums of the embeddings and the positional encodings.
+        x = self.embedding_dropout(x, deterministic=not train)
+        return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
+
+    def encode(self, src_tokens: jax.Array, *, train: bool = False) -> jax.Array:
+        """[batch, src_len] → encoded [batch, src_len, embed]."""
+        x = self._embed(src_tokens, self.encoder_positions, 0, train)
+        mask = padding_mask(src_tokens, src_tokens)
+        for layer in self.encoder_layers:
+            x = layer(x, mask, train=train)
+        return x
+
+    def decode(
+        self,
+        encoded: jax.Array,
+        src_tokens: jax.Array,
+        decoder_input: jax.Array,
+        *,
+        train: bool = False,
+        decode: bool = False,
+        max_decode_len: int = 0,
+    ) -> jax.Array:
+        """Decoder stack + shared output projection → float32 logits [batch, len, vocab].
+
+        Teacher forcing: `decoder_input` is `shift_right(tgt_tokens)`. Incremental
+        (`decode=True`): `decoder_input` is the last emitted token [batch, 1].
+        """
+        cross_mask = padding_mask(None, src_tokens)
+        if decode:
+            offset = self.decode_position()
+            self_mask = None  # the cache builds the causal mask for its one query
+        else:
+            offset = 0
+            length = decoder_input.shape[1]
+            self_mask = jnp.logical_and(causal_mask(length), padding_mask(None, decoder_input))
+        x = self._embed(decoder_input, self.decoder_positions, offset, train)
+        for layer in self.decoder_layers:
+            x = layer(
+                x,
+                encoded,
+                self_mask,
+                cross_mask,
+                train=train,
+                decode=decode,
+                max_decode_len=max_decode_len,
+            )
+        logits = self.embed.attend(x).astype(jnp.float32)
+        return constrain(logits, (axes.BATCH, axes.LENGTH, axes.VOCAB))
+
+    def __call__(
+        self, src_tokens: jax.Array, tgt_tokens: jax.Array, *, train: bool = False
+    ) -> jax.Array:
+        encoded = self.encode(src_tokens, train=train)
+        return self.decode(encoded, src_tokens, shift_right(tgt_tokens), train=train)

@@ -1,0 +1,51 @@
+"""Typed configuration of the training loop (the `train` section of a config file)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnmt.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    num_steps: int = 100_000  # optimizer updates (§5.2: base 100k, big 300k)
+    time_limit_minutes: float = 0.0  # stop (with a checkpoint) after this long; 0 = none
+    label_smoothing: float = 0.1  # §5.4 ε_ls
+    grad_accum_steps: int = 1  # micro-batches per update, to reach ≈25k tokens on few devices
+    log_every_steps: int = 100
+    eval_every_steps: int = 1000  # validation loss; 0 = never
+    checkpoint_every_steps: int = 0  # 0 = only by time
+    checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
+    keep_checkpoints: int = 20  # enough to average the last 20 (big)
+    max_consecutive_skips: int = 20  # non-finite updates in a row before the run stops
+
+    def __post_init__(self) -> None:
+        positive = (
+            "num_steps",
+            "grad_accum_steps",
+            "log_every_steps",
+            "keep_checkpoints",
+            "max_consecutive_skips",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "time_limit_minutes",
+            "eval_every_steps",
+            "checkpoint_every_steps",
+            "checkpoint_every_minutes",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be ≥ 0, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(
+                f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+        if self.checkpoint_every_steps == 0 and self.checkpoint_every_minutes == 0:
+            raise ConfigError(
+                "set train.checkpoint_every_steps or train.checkpoint_every_minutes: a run "
+                "without periodic checkpoints can be lost"
+            )
