@@ -1,0 +1,307 @@
+"""From sentence pairs to padded numpy batches, with a resumable, shardable iterator."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnmt.data.batching import BatchPlan, assign_buckets, plan_epoch
+from attnmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from attnmt.errors import DataError
+
+_FORMAT_VERSION = 1
+_ENCODE_CHUNK = 8192  # pairs per encode_batch call: fast, yet bounded memory
+
+
+@dataclass(frozen=True)
+class FilterStats:
+    """What happened to the pairs given to ``TokenizedCorpus.from_pairs``.
+
+    ``total == kept + too_long + empty``; a pair with an empty side counts as empty even
+    if its other side is too long.
+    """
+
+    total: int
+    kept: int
+    too_long: int
+    empty: int
+
+
+class _Side:
+    """Flat token array plus offsets: example i is ``tokens[offsets[i]:offsets[i + 1]]``."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
+        self.tokens = np.asarray(tokens, dtype=np.int32)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.diff(self.offsets).astype(np.int32)
+
+    def gather(self, ids: np.ndarray, length: int) -> np.ndarray:
+        """Right-padded [len(ids), length] int32 rows; id -1 gives an all-PAD row."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(self.tokens) == 0:
+            return np.full((len(ids), length), PAD_ID, dtype=np.int32)
+        real = ids >= 0
+        lens = np.where(real, self.lengths[np.where(real, ids, 0)], 0)
+        starts = self.offsets[np.where(real, ids, 0)]
+        cols = np.arange(length)
+        mask = cols[None, :] < lens[:, None]
+        # Clip so masked-out slots index a valid position; their value is replaced by PAD.
+        pos = np.minimum(starts[:, None] + cols[None, :], len(self.tokens) - 1)
+        return np.where(mask, self.tokens[pos], PAD_ID).astype(np.int32)
+
+
+class TokenizedCorpus:
+    """A tokenized parallel corpus stored compactly; every example ends with EOS."""
+
+    def __init__(
+        self,
+        src_tokens: np.ndarray,
+        src_offsets: np.ndarray,
+        tgt_tokens: np.ndarray,
+        tgt_offsets: np.ndarray,
+        source_indices: np.ndarray | None = None,
+    ) -> None:
+        self._src = _Side(src_tokens, src_offsets)
+        self._tgt = _Side(tgt_tokens, tgt_offsets)
+        if len(self._src.lengths) != len(self._tgt.lengths):
+            raise ValueError("source and target sides hold different numbers of examples")
+        n = len(self._src.lengths)
+        # Position of each example in the pairs it was built from (filtering drops some).
+        self.source_indices = (
+            np.arange(n, dtype=np.int64)
+            if source_indices is None
+            else np.asarray(source_indices, dtype=np.int64)
+        )
+
+    @classmethod
+    def from_pairs(
+        cls, pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, max_length: int
+    ) -> tuple[TokenizedCorpus, FilterStats]:
+        """Tokenizes pairs, appends EOS, drops empty and too-long (> max_length) pairs."""
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 (a token and EOS), got {max_length}")
+        parts: dict[str, list[np.ndarray]] = {"src": [], "tgt": [], "slen": [], "tlen": []}
+        kept_idx: list[np.ndarray] = []
+        total = too_long = empty = 0
+        it = iter(pairs)
+        while chunk := list(itertools.islice(it, _ENCODE_CHUNK)):
+            src_ids = tokenizer.encode_batch([s for s, _ in chunk])
+            tgt_ids = tokenizer.encode_batch([t for _, t in chunk])
+            slen = np.fromiter(map(len, src_ids), np.int64, len(chunk))
+            tlen = np.fromiter(map(len, tgt_ids), np.int64, len(chunk))
+            is_empty = (slen == 0) | (tlen == 0)
+            is_long = ~is_empty & ((slen + 1 > max_length) | (tlen + 1 > max_length))
+            keep = ~is_empty & ~is_long
+            empty += int(is_empty.sum())
+            too_long += int(is_long.sum())
+            kept_idx.append(np.flatnonzero(keep) + total)
+            total += len(chunk)
+            for key, ids, lens in (("src", src_ids, slen), ("tgt", tgt_ids, tlen)):
+                rows = [ids[i] + [EOS_ID] for i in np.flatnonzero(keep)]
+                flat = itertools.chain.from_iterable(rows)
+                parts[key].append(np.fromiter(flat, np.int32, int(lens[keep].sum() + keep.sum())))
+            parts["slen"].append(slen[keep] + 1)
+            parts["tlen"].append(tlen[keep] + 1)
+
+        def concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+
+        def offsets(lengths: np.ndarray) -> np.ndarray:
+            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+        corpus = cls(
+            concat(parts["src"], np.int32),
+            offsets(concat(parts["slen"], np.int64)),
+            concat(parts["tgt"], np.int32),
+            offsets(concat(parts["tlen"], np.int64)),
+            concat(kept_idx, np.int64),
+        )
+        stats = FilterStats(total=total, kept=len(corpus), too_long=too_long, empty=empty)
+        return corpus, stats
+
+    def __len__(self) -> int:
+        return len(self._src.lengths)
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Source lengths including EOS."""
+        return self._src.lengths
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        """Target lengths including EOS."""
+        return self._tgt.lengths
+
+    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src_ids, tgt_ids) of example ``i``, each ending with EOS."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"example {i} out of range for a corpus of {len(self)}")
+        s, t = self._src, self._tgt
+        return (
+            s.tokens[s.offsets[i] : s.offsets[i + 1]],
+            t.tokens[t.offsets[i] : t.offsets[i + 1]],
+        )
+
+    def gather(self, ids: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Padded (src, tgt) [len(ids), length] arrays; id -1 gives an all-PAD row."""
+        return self._src.gather(ids, length), self._tgt.gather(ids, length)
+
+    def save(self, path: str | Path) -> None:
+        """Writes the corpus to one ``.npz`` file, atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:  # a file object stops numpy appending ".npz"
+                np.savez(
+                    f,
+                    format_version=np.int64(_FORMAT_VERSION),
+                    src_tokens=self._src.tokens,
+                    src_offsets=self._src.offsets,
+                    tgt_tokens=self._tgt.tokens,
+                    tgt_offsets=self._tgt.offsets,
+                    source_indices=self.source_indices,
+                )
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenizedCorpus:
+        """Reads a corpus written by ``save``."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: tokenized corpus not found")
+        keys = ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets", "source_indices")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                version = int(z["format_version"])
+                arrays = {k: z[k] for k in keys}
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as e:
+            raise DataError(f"{path}: not a readable tokenized corpus ({e})") from None
+        if version != _FORMAT_VERSION:
+            raise DataError(
+                f"{path}: tokenized corpus format {version}, expected {_FORMAT_VERSION}; "
+                "delete it to re-tokenize"
+            )
+        return cls(**arrays)
+
+
+def padding_fraction(batch: dict[str, np.ndarray]) -> float:
+    """Fraction of PAD slots on both sides, counting only rows that hold an example."""
+    src, tgt = batch["src_tokens"], batch["tgt_tokens"]
+    present = (src != PAD_ID).any(axis=1) | (tgt != PAD_ID).any(axis=1)
+    slots = int(present.sum()) * (src.shape[1] + tgt.shape[1])
+    if slots == 0:
+        return 0.0
+    pads = int((src[present] == PAD_ID).sum() + (tgt[present] == PAD_ID).sum())
+    return pads / slots
+
+
+class BatchIterator:
+    """Endless (or one-epoch) stream of padded batches; resumable and shardable.
+
+    Each global batch has a shape from ``shapes``; this process gets rows
+    ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size // shard_count``,
+    so all processes step through the same sequence of global batches.
+    """
+
+    def __init__(
+        self,
+        corpus: TokenizedCorpus,
+        shapes: list[tuple[int, int]],
+        seed: int,
+        shuffle: bool = True,
+        repeat: bool = True,
+        shard_index: int = 0,
+        shard_count: int = 1,
+    ) -> None:
+        if shard_count < 1 or not 0 <= shard_index < shard_count:
+            raise ValueError(f"bad shard {shard_index} of {shard_count}")
+        bad = [b for b, _ in shapes if b % shard_count]
+        if bad:
+            raise ValueError(
+                f"batch sizes {bad} are not divisible by shard_count={shard_count}; "
+                f"use a batch_multiple that is a multiple of {shard_count}"
+            )
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.corpus = corpus
+        self.shapes = list(shapes)
+        self.shuffle = shuffle
+        self.repeat = repeat
+        self.shard_index = shard_index
+        self.shard_count = shard_count
+        buckets = assign_buckets(corpus.src_lengths, corpus.tgt_lengths, self.shapes)
+        self.examples_per_epoch = int((buckets < len(self.shapes)).sum())
+        if repeat and self.examples_per_epoch == 0:
+            raise ValueError(
+                f"none of the {len(corpus)} examples fits the longest bucket "
+                f"({self.shapes[-1][1]} tokens); an endless iterator would never yield"
+            )
+        self._seed = seed
+        self._epoch = 0
+        self._index = 0
+        self._plan: list[BatchPlan] | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (0-based)."""
+        return self._epoch
+
+    def _current_plan(self) -> list[BatchPlan]:
+        if self._plan is None:
+            c = self.corpus
+            self._plan = plan_epoch(
+                c.src_lengths, c.tgt_lengths, self.shapes, self._seed, self._epoch, self.shuffle
+            )
+        return self._plan
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        plan = self._current_plan()
+        if self._index >= len(plan):
+            if not self.repeat:
+                raise StopIteration
+            self._epoch += 1
+            self._index = 0
+            self._plan = None
+            plan = self._current_plan()
+        entry = plan[self._index]
+        self._index += 1
+        batch_size, length = self.shapes[entry.shape_index]
+        rows = batch_size // self.shard_count
+        # Filler rows (-1) pad the last batch of a bucket up to its fixed batch size.
+        ids = np.full(batch_size, -1, dtype=np.int64)
+        ids[: len(entry.example_ids)] = entry.example_ids
+        ids = ids[self.shard_index * rows : (self.shard_index + 1) * rows]
+        src, tgt = self.corpus.gather(ids, length)
+        return {"src_tokens": src, "tgt_tokens": tgt}
+
+    def get_state(self) -> dict[str, int]:
+        """JSON-serialisable position: the next batch is batch ``index`` of ``epoch``."""
+        return {"epoch": self._epoch, "index": self._index, "seed": self._seed}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from ``state`` (from ``get_state``), including its seed."""
+        try:
+            epoch, index, seed = (int(state[k]) for k in ("epoch", "index", "seed"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"bad iterator state {state!r}: {e}") from None
+        if epoch < 0 or index < 0 or seed < 0:
+            raise ValueError(f"bad iterator state {state!r}: values must be >= 0")
+        self._epoch, self._index, self._seed = epoch, index, seed
+        self._plan = None

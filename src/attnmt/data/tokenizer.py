@@ -1,0 +1,191 @@
+"""One sentencepiece vocabulary shared by source and target, with fixed special ids."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+from attnmt.errors import DataError
+
+PAD_ID = 0
+EOS_ID = 1
+BOS_ID = 2
+UNK_ID = 3
+NUM_SPECIAL = 4
+
+
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    for text in texts:
+        if text and not text.isspace():
+            yield text
+
+
+def train_vocab(
+    texts: Iterable[str],
+    model_path: str | Path,
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    max_sentences: int = 10_000_000,
+    seed: int = 0,
+) -> Path:
+    """Trains one shared sentencepiece model on ``texts`` and writes it to ``model_path``.
+
+    Pass source and target sentences interleaved. Writes ``model_path`` and the matching
+    ``.vocab`` file atomically; returns ``model_path``. The same input and seed give the
+    same model.
+    """
+    if vocab_size <= NUM_SPECIAL:
+        raise DataError(
+            f"vocab_size={vocab_size} leaves no room for pieces: the {NUM_SPECIAL} special "
+            "tokens (pad, eos, bos, unk) alone take that many ids"
+        )
+    if model_type not in ("bpe", "unigram", "char", "word"):
+        raise DataError(f"unknown sentencepiece model_type {model_type!r}")
+    model_path = Path(model_path)
+    vocab_path = model_path.with_suffix(".vocab")
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+
+    # Reservoir sampling of input sentences (when there are more than max_sentences)
+    # draws from sentencepiece's global generator: seed it so training is reproducible.
+    spm.set_random_generator_seed(seed)
+    fed = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal fed
+        for text in _nonempty(texts):
+            fed += 1
+            yield text
+
+    # Train in memory (model_writer) rather than to a file prefix: the prefix would be
+    # recorded in the model, so the same input would not give the same bytes.
+    proto = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=counted(),
+            model_writer=proto,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            hard_vocab_limit=False,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            bos_id=BOS_ID,
+            unk_id=UNK_ID,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise _training_error(e, vocab_size, fed) from None
+    model_bytes = proto.getvalue()
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    # The .vocab file is for people (piece and score per line), as sentencepiece writes it.
+    vocab_text = "".join(
+        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
+    )
+    # .vocab first: a present .model then means both files are complete.
+    _write_atomic(vocab_path, vocab_text.encode("utf-8"))
+    _write_atomic(model_path, model_bytes)
+    return model_path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _training_error(e: RuntimeError, vocab_size: int, fed: int) -> DataError:
+    message = str(e)
+    if fed == 0:
+        return DataError("cannot train a vocabulary: no non-empty sentences were given")
+    m = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+    if m:
+        return DataError(
+            f"vocab_size={vocab_size} is too small: the corpus needs {m.group(2)} ids for its "
+            "characters and special tokens; raise vocab_size or lower character_coverage"
+        )
+    return DataError(f"sentencepiece training failed: {message}")
+
+
+class Tokenizer:
+    """Encodes text to ids (without EOS) and decodes ids back, stopping at EOS."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None) -> None:
+        self._sp = processor
+        self.path = path
+        self._size = processor.get_piece_size()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Loads a model written by ``train_vocab``."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: sentencepiece model not found")
+        try:
+            sp = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:
+            raise DataError(f"{path}: not a readable sentencepiece model ({e})") from None
+        ids = (sp.pad_id(), sp.eos_id(), sp.bos_id(), sp.unk_id())
+        if ids != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
+            raise DataError(
+                f"{path}: special ids (pad, eos, bos, unk) are {ids}, expected "
+                f"{(PAD_ID, EOS_ID, BOS_ID, UNK_ID)}; train the vocabulary with attnmt"
+            )
+        return cls(sp, path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without EOS."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self._sp.encode(list(texts), out_type=int)
+
+    def _clean(self, ids: Sequence[int]) -> list[int]:
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i in (PAD_ID, BOS_ID):
+                continue
+            # A model's output layer may be padded past the vocabulary; such ids are unknown.
+            out.append(i if 0 <= i < self._size else UNK_ID)
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` up to the first EOS, ignoring PAD and BOS."""
+        return self._sp.decode(self._clean(ids))
+
+    def decode_batch(self, batch: Iterable[Sequence[int]]) -> list[str]:
+        return self._sp.decode([self._clean(ids) for ids in batch])

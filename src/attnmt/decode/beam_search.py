@@ -1,0 +1,470 @@
+"""Model-agnostic autoregressive decoding in pure JAX: beam search, greedy, sampling, ensembles.
+
+The model is seen only through a step function::
+
+    tokens_to_logits(tokens, cache) -> (logits, new_cache)
+
+``tokens`` is int32 ``[rows, 1]`` (the last emitted token of every row; ``bos_id`` at the first
+step), ``logits`` is float ``[rows, vocab]`` for the next position and ``cache`` is any pytree.
+
+Cache convention: every leaf with ``ndim >= 1`` has leading dimension ``rows`` (one row per
+sentence, or per sentence x beam in beam search) and is reordered whenever beams are reordered;
+leaves with ``ndim == 0`` (e.g. a decoder position index shared by all rows) are passed through
+untouched. For beam search the caller expands the cache to ``batch * beam`` rows with
+:func:`expand_to_beams` before calling.
+
+Semantics shared by all decoders:
+
+* Output sequences exclude BOS, include the final EOS and are padded with ``pad_id`` after it.
+* ``pad_id`` and ``bos_id`` are never emitted: their log-probabilities are set to -inf *after*
+  the log-softmax, so the model needs no masking of its own and the scores stay the model's own
+  log-probabilities of the emitted tokens (no renormalisation over the remaining tokens).
+* Maximum length: row ``b`` may emit at most ``L_b = min(max_lengths[b], max_decode_len)`` tokens
+  (``max_lengths`` clamped to >= 1), *including* EOS. At position ``L_b - 1`` only EOS is allowed,
+  so a hypothesis that reaches its row's limit is finished by a forced EOS whose log-probability
+  (under the model) is added to its score. Every returned sequence therefore ends in EOS.
+* All log-probabilities are computed in float32 whatever the dtype of the logits.
+
+Everything is jit-compatible; each decoder runs one ``lax.while_loop``, so one compilation serves
+each (batch, beam, max_decode_len) shape. Integer sizes (``batch_size``, ``beam_size``,
+``max_decode_len``, ``top_k``) and ``temperature`` must be static; ``alpha`` may be traced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+PyTree = Any
+TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+
+NEG_INF = float("-inf")
+
+__all__ = [
+    "beam_search",
+    "ensemble",
+    "expand_to_beams",
+    "greedy_search",
+    "length_penalty",
+    "sample",
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
+    """Repeats every leaf with ``ndim >= 1`` ``beam_size`` times along axis 0.
+
+    A leaf of shape ``[batch, ...]`` becomes ``[batch * beam_size, ...]`` with rows ordered
+    ``[b0 beam0, b0 beam1, ..., b0 beam(K-1), b1 beam0, ...]`` (row ``b * beam_size + k``), the
+    layout :func:`beam_search` expects. Scalar leaves are shared by all rows and left as they are.
+    Use it on the encoder output/mask and the initial decoder cache before calling beam search.
+    """
+    return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim >= 1 else x, tree)
+
+
+def length_penalty(length: jax.Array | int, alpha: jax.Array | float) -> jax.Array:
+    """GNMT length penalty ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14).
+
+    ``|Y|`` is the number of emitted tokens *including* the final EOS (BOS and padding excluded).
+    Some toolkits (fairseq's ``--lenpen``, Marian's ``--normalize``) divide by ``|Y| ** alpha``
+    instead; the two rank hypotheses differently, so scores are not comparable across them.
+    """
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _check_cache_rows(cache: PyTree, rows: int, what: str) -> None:
+    # Shapes are static, so a mis-expanded cache fails here with a readable message instead of
+    # as a broadcasting error deep inside the model.
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache):
+        if jnp.ndim(leaf) >= 1 and jnp.shape(leaf)[0] != rows:
+            raise ValueError(
+                f"cache leaf {jax.tree_util.keystr(path)} has leading dimension "
+                f"{jnp.shape(leaf)[0]}, expected {rows} ({what})"
+            )
+
+
+def _row_max_lengths(
+    max_lengths: jax.Array | None, batch_size: int, max_decode_len: int
+) -> jax.Array:
+    """Per-sentence length limits (EOS included), clamped to [1, max_decode_len]. # [batch]"""
+    if max_lengths is None:
+        return jnp.full((batch_size,), max_decode_len, jnp.int32)
+    return jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+
+
+def _step_log_probs(
+    logits: jax.Array,
+    step: jax.Array,
+    row_max: jax.Array,
+    eos_id: int,
+    bos_id: int,
+    pad_id: int,
+) -> jax.Array:
+    """float32 log-probabilities for the token at position ``step``, masked for decoding.
+
+    logits: [rows, vocab]; row_max: [rows] per-row length limit. PAD/BOS get -inf (never emitted);
+    rows at their last allowed position may only emit EOS (forced finish).
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [rows, vocab]
+    vocab_ids = jnp.arange(logp.shape[-1])  # [vocab]
+    banned = (vocab_ids == pad_id) | (vocab_ids == bos_id)  # [vocab]
+    at_limit = (step >= row_max - 1)[:, None]  # [rows, 1]
+    banned = banned[None, :] | (at_limit & (vocab_ids != eos_id)[None, :])  # [rows, vocab]
+    return jnp.where(banned, NEG_INF, logp)
+
+
+def _gather_rows(tree: PyTree, beam_idx: jax.Array, old_beam: int) -> PyTree:
+    """Reorders cache rows: new row (b, j) <- old row (b, beam_idx[b, j]).
+
+    beam_idx: [batch, new_beam] indices into the ``old_beam`` beams of the same sentence. One
+    ``take`` per leaf; scalar leaves are shared and not gathered.
+    """
+    batch = beam_idx.shape[0]
+    rows = (jnp.arange(batch)[:, None] * old_beam + beam_idx).reshape(-1)  # [batch * new_beam]
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0) if x.ndim >= 1 else x, tree)
+
+
+def _gather_beams(x: jax.Array, beam_idx: jax.Array) -> jax.Array:
+    """x: [batch, beam, ...], beam_idx: [batch, new_beam] -> [batch, new_beam, ...]."""
+    idx = beam_idx.reshape(beam_idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+class _BeamState(NamedTuple):
+    step: jax.Array  # [] number of tokens emitted so far
+    last_tok: jax.Array  # [batch, beam] token fed to the model next
+    live_seqs: jax.Array  # [batch, beam, max_decode_len]
+    live_logp: jax.Array  # [batch, beam] log P(prefix); -inf = empty/dead slot
+    fin_seqs: jax.Array  # [batch, beam, max_decode_len] sorted best first
+    fin_scores: jax.Array  # [batch, beam] log P(Y) / lp(|Y|); -inf = empty slot
+    done: jax.Array  # [batch] no live hypothesis can still enter the top-k finished
+    cache: PyTree  # leaves [batch * beam, ...] (or scalars)
+
+
+def _extend_candidates(
+    state: _BeamState, logp: jax.Array, beam_size: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Top 2K one-token extensions of the live beams: (logp, seqs, source beam).
+
+    logp: [batch, beam, vocab]. Returns [batch, 2K], [batch, 2K, max_decode_len], [batch, 2K].
+    2K candidates guarantee at least K non-EOS ones (each beam contributes one EOS at most).
+    """
+    batch, _, vocab = logp.shape
+    total = state.live_logp[:, :, None] + logp  # [batch, beam, vocab]
+    cand_logp, flat_idx = lax.top_k(total.reshape(batch, beam_size * vocab), 2 * beam_size)
+    cand_beam = flat_idx // vocab  # [batch, 2K]
+    cand_tok = (flat_idx % vocab).astype(jnp.int32)  # [batch, 2K]
+    cand_seqs = _gather_beams(state.live_seqs, cand_beam)  # [batch, 2K, max_decode_len]
+    positions = jnp.arange(cand_seqs.shape[-1])  # [max_decode_len]
+    cand_seqs = jnp.where(positions == state.step, cand_tok[:, :, None], cand_seqs)
+    return cand_logp, cand_seqs, cand_beam
+
+
+def _select_finished(
+    state: _BeamState,
+    cand_logp: jax.Array,
+    cand_seqs: jax.Array,
+    cand_is_eos: jax.Array,
+    alpha: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Merges this step's EOS candidates into the finished top-K: (seqs, scores)."""
+    beam_size = state.fin_scores.shape[1]
+    # As in fairseq/OpenNMT an EOS candidate is accepted only if it ranks within the top K of
+    # this step's candidates, which makes beam_size=1 coincide with greedy decoding.
+    in_top_k = jnp.arange(2 * beam_size) < beam_size  # [2K]
+    penalty = length_penalty(state.step + 1, alpha)  # |Y| of a hypothesis finishing now
+    cand_scores = jnp.where(cand_is_eos & in_top_k, cand_logp / penalty, NEG_INF)  # [batch, 2K]
+    # Existing entries come first so that on ties top_k (lower index first) keeps them.
+    all_scores = jnp.concatenate([state.fin_scores, cand_scores], axis=1)  # [batch, 3K]
+    all_seqs = jnp.concatenate([state.fin_seqs, cand_seqs], axis=1)  # [batch, 3K, max_len]
+    fin_scores, fin_idx = lax.top_k(all_scores, beam_size)  # [batch, beam]
+    return _gather_beams(all_seqs, fin_idx), fin_scores
+
+
+def _sentence_done(
+    live_logp: jax.Array,
+    fin_scores: jax.Array,
+    new_len: jax.Array,
+    row_max: jax.Array,
+    alpha: jax.Array,
+) -> jax.Array:
+    """[batch] True where no live beam can still beat the worst finished hypothesis.
+
+    A live prefix with log-prob l <= 0 can only lose probability, so its best final score is
+    l / max lp(n) over the reachable lengths n in [new_len + 1, L_b]. lp is monotone in n
+    (increasing for alpha >= 0, decreasing for alpha < 0), so the max is at one end. Dividing by
+    the *largest* penalty is the optimistic choice because l is negative. Empty finished slots
+    (-inf) keep a sentence running while any beam is alive; dead beams (-inf) never do.
+    """
+    best_lp = jnp.maximum(length_penalty(new_len + 1, alpha), length_penalty(row_max, alpha))
+    bound = jnp.max(live_logp, axis=1) / best_lp  # [batch]
+    return bound <= jnp.min(fin_scores, axis=1)
+
+
+def _beam_step(
+    state: _BeamState,
+    tokens_to_logits: TokensToLogits,
+    row_max: jax.Array,
+    alpha: jax.Array,
+    ids: tuple[int, int, int],
+) -> _BeamState:
+    batch, beam_size, _ = state.live_seqs.shape
+    eos_id, bos_id, pad_id = ids
+    logits, cache = tokens_to_logits(state.last_tok.reshape(batch * beam_size, 1), state.cache)
+    row_max_rows = jnp.repeat(row_max, beam_size)  # [batch * beam]
+    logp = _step_log_probs(logits, state.step, row_max_rows, eos_id, bos_id, pad_id)
+    logp = logp.reshape(batch, beam_size, -1)  # [batch, beam, vocab]
+    cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
+    cand_is_eos = cand_seqs[:, :, state.step] == eos_id  # [batch, 2K]
+    fin_seqs, fin_scores = _select_finished(state, cand_logp, cand_seqs, cand_is_eos, alpha)
+
+    # Live: the best K non-EOS candidates; finished hypotheses are never extended.
+    live_cand = jnp.where(cand_is_eos, NEG_INF, cand_logp)  # [batch, 2K]
+    live_logp, live_idx = lax.top_k(live_cand, beam_size)  # [batch, beam]
+    live_seqs = _gather_beams(cand_seqs, live_idx)  # [batch, beam, max_len]
+    cache = _gather_rows(cache, jnp.take_along_axis(cand_beam, live_idx, axis=1), beam_size)
+
+    new_len = state.step + 1
+    done = state.done | _sentence_done(live_logp, fin_scores, new_len, row_max, alpha)
+    # Kill the live beams of done sentences so that nothing about them can change any more.
+    live_logp = jnp.where(done[:, None], NEG_INF, live_logp)
+    last_tok = live_seqs[:, :, state.step]  # [batch, beam]
+    return _BeamState(new_len, last_tok, live_seqs, live_logp, fin_seqs, fin_scores, done, cache)
+
+
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache: PyTree,
+    *,
+    batch_size: int,
+    beam_size: int,
+    max_decode_len: int,
+    alpha: float | jax.Array = 0.6,
+    eos_id: int = 1,
+    bos_id: int = 2,
+    pad_id: int = 0,
+    max_lengths: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Beam search with the GNMT length penalty and exact early stopping.
+
+    Args:
+      tokens_to_logits: the model step function (see the module docstring).
+      cache: initial cache, already expanded to ``batch_size * beam_size`` rows with
+        :func:`expand_to_beams` (row ``b * beam_size + k`` is beam ``k`` of sentence ``b``).
+      alpha: length-penalty exponent; a hypothesis' score is ``log P(Y) / lp(|Y|)`` with
+        ``lp(|Y|) = ((5 + |Y|) / 6) ** alpha`` and ``|Y|`` = number of emitted tokens including the
+        final EOS, excluding BOS (see :func:`length_penalty`; some toolkits use ``|Y| ** alpha``).
+        ``alpha = 0`` ranks by plain log-probability.
+      max_lengths: optional int ``[batch]`` per-sentence limit on ``|Y|`` (the paper uses input
+        length + 50). At the limit the hypothesis is forced to emit EOS (scored by the model).
+
+    Returns:
+      ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first, EOS included, ``pad_id``
+      after it) and ``scores`` float32 ``[batch, beam]``. If fewer than ``beam_size`` distinct
+      hypotheses exist, the remaining slots have score -inf and all-``pad_id`` sequences.
+
+    Search: each step extends every live beam by every token, keeps the top ``2 * beam_size``
+    candidates, moves the EOS candidates ranked within the top ``beam_size`` to the finished set
+    (which keeps the best ``beam_size`` by score) and keeps the best ``beam_size`` non-EOS ones as
+    live beams. A sentence is done when no live beam can still beat its worst finished
+    hypothesis (bound: live log-prob divided by the largest reachable length penalty); the loop
+    stops when all sentences are done or after ``max_decode_len`` steps.
+    """
+    rows = batch_size * beam_size
+    _check_cache_rows(cache, rows, f"batch_size * beam_size = {batch_size} * {beam_size}")
+    row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
+    alpha = jnp.asarray(alpha, jnp.float32)
+    shape = (batch_size, beam_size)
+    # All beams start as the same empty prefix; only beam 0 is alive so that the first step does
+    # not produce beam_size copies of every candidate.
+    live_logp = jnp.full(shape, NEG_INF, jnp.float32).at[:, 0].set(0.0)
+    state = _BeamState(
+        step=jnp.array(0, jnp.int32),
+        last_tok=jnp.full(shape, bos_id, jnp.int32),
+        live_seqs=jnp.full((*shape, max_decode_len), pad_id, jnp.int32),
+        live_logp=live_logp,
+        fin_seqs=jnp.full((*shape, max_decode_len), pad_id, jnp.int32),
+        fin_scores=jnp.full(shape, NEG_INF, jnp.float32),
+        done=jnp.zeros((batch_size,), bool),
+        cache=cache,
+    )
+
+    def cond(s: _BeamState) -> jax.Array:
+        return (s.step < max_decode_len) & ~jnp.all(s.done)
+
+    def body(s: _BeamState) -> _BeamState:
+        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id))
+
+    final = lax.while_loop(cond, body, state)
+    empty = jnp.isneginf(final.fin_scores)[:, :, None]  # [batch, beam, 1]
+    sequences = jnp.where(empty, pad_id, final.fin_seqs)  # [batch, beam, max_decode_len]
+    return sequences, final.fin_scores
+
+
+# --------------------------------------------------------------------------- greedy / sampling
+
+
+class _SingleState(NamedTuple):
+    step: jax.Array  # []
+    last_tok: jax.Array  # [batch]
+    seqs: jax.Array  # [batch, max_decode_len]
+    log_probs: jax.Array  # [batch] log P of the emitted tokens under the model
+    done: jax.Array  # [batch] emitted EOS already
+    cache: PyTree  # leaves [batch, ...] (or scalars)
+
+
+def _single_path_decode(
+    tokens_to_logits: TokensToLogits,
+    cache: PyTree,
+    choose: Callable[[jax.Array, jax.Array], jax.Array],
+    batch_size: int,
+    max_decode_len: int,
+    eos_id: int,
+    bos_id: int,
+    pad_id: int,
+    max_lengths: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """One hypothesis per row; ``choose(log_probs [batch, vocab], step) -> tokens [batch]``."""
+    _check_cache_rows(cache, batch_size, f"batch_size = {batch_size}")
+    row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
+    state = _SingleState(
+        step=jnp.array(0, jnp.int32),
+        last_tok=jnp.full((batch_size,), bos_id, jnp.int32),
+        seqs=jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
+        log_probs=jnp.zeros((batch_size,), jnp.float32),
+        done=jnp.zeros((batch_size,), bool),
+        cache=cache,
+    )
+
+    def cond(s: _SingleState) -> jax.Array:
+        return (s.step < max_decode_len) & ~jnp.all(s.done)
+
+    def body(s: _SingleState) -> _SingleState:
+        logits, new_cache = tokens_to_logits(s.last_tok[:, None], s.cache)
+        logp = _step_log_probs(logits, s.step, row_max, eos_id, bos_id, pad_id)  # [batch, vocab]
+        tok = choose(logp, s.step).astype(jnp.int32)  # [batch]
+        tok = jnp.where(s.done, pad_id, tok)  # finished rows only pad
+        tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]  # [batch]
+        log_probs = s.log_probs + jnp.where(s.done, 0.0, tok_logp)
+        seqs = s.seqs.at[:, s.step].set(tok)
+        return _SingleState(s.step + 1, tok, seqs, log_probs, s.done | (tok == eos_id), new_cache)
+
+    final = lax.while_loop(cond, body, state)
+    return final.seqs, final.log_probs
+
+
+def greedy_search(
+    tokens_to_logits: TokensToLogits,
+    cache: PyTree,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    eos_id: int = 1,
+    bos_id: int = 2,
+    pad_id: int = 0,
+    max_lengths: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Greedy (argmax) decoding; stops as soon as every row has emitted EOS.
+
+    ``cache`` has ``batch_size`` rows. Returns ``sequences`` int32 ``[batch, max_decode_len]``
+    (EOS included, ``pad_id`` after it) and ``log_probs`` float32 ``[batch]``: the model's
+    log-probability of the sequence, without length penalty. Length limits as in beam search.
+    """
+
+    def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
+        return jnp.argmax(logp, axis=-1)
+
+    return _single_path_decode(
+        tokens_to_logits, cache, choose, batch_size, max_decode_len, eos_id, bos_id, pad_id,
+        max_lengths,
+    )  # fmt: skip
+
+
+def sample(
+    tokens_to_logits: TokensToLogits,
+    cache: PyTree,
+    rng: jax.Array,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    eos_id: int = 1,
+    bos_id: int = 2,
+    pad_id: int = 0,
+    max_lengths: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Ancestral sampling from ``softmax(logits / temperature)``, optionally top-k truncated.
+
+    PAD/BOS are excluded and the distribution renormalised over the remaining tokens; with
+    ``top_k > 0`` only the ``top_k`` most likely tokens (ties at the k-th value included) are kept.
+    ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
+    temperature raises ``ValueError``. ``temperature`` and ``top_k`` are static Python numbers.
+    The randomness of step ``t`` is ``fold_in(rng, t)``, so results depend only on ``rng``.
+
+    Returns ``sequences`` int32 ``[batch, max_decode_len]`` and ``log_probs`` float32 ``[batch]``,
+    the log-probability of the sample under the *model* (temperature 1, no truncation), so that
+    samples can be compared with beam/greedy outputs.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
+    if temperature == 0:
+        return greedy_search(
+            tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len,
+            eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, max_lengths=max_lengths,
+        )  # fmt: skip
+
+    def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
+        # log_softmax(logits) / T differs from logits / T by a per-row constant, so sampling from
+        # it is sampling from softmax(logits / T); masked tokens stay at -inf.
+        scaled = logp / temperature  # [batch, vocab]
+        if 0 < top_k < scaled.shape[-1]:
+            kth = lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
+            scaled = jnp.where(scaled < kth, NEG_INF, scaled)
+        return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
+
+    return _single_path_decode(
+        tokens_to_logits, cache, choose, batch_size, max_decode_len, eos_id, bos_id, pad_id,
+        max_lengths,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- ensembles
+
+
+def ensemble(fns: Sequence[TokensToLogits]) -> TokensToLogits:
+    """Combines several step functions into one (log-linear ensemble).
+
+    The combined cache is a tuple with one cache per member (so the beam-search row convention
+    holds for it automatically) and the output is ``log_softmax(mean_i log_softmax(logits_i))``:
+    the renormalised geometric mean of the members' distributions. The output is already
+    normalised, so the decoders' own log-softmax leaves it unchanged. Averaging probabilities
+    instead (a linear mixture) is the other common choice; it is not what this does.
+    """
+    fns = tuple(fns)
+    if not fns:
+        raise ValueError("ensemble() needs at least one model")
+
+    def combined(tokens: jax.Array, cache: tuple[PyTree, ...]) -> tuple[jax.Array, tuple]:
+        if len(cache) != len(fns):
+            raise ValueError(f"ensemble of {len(fns)} models got {len(cache)} caches")
+        log_probs, new_caches = [], []
+        for fn, member_cache in zip(fns, cache, strict=True):
+            logits, new_cache = fn(tokens, member_cache)
+            log_probs.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+            new_caches.append(new_cache)
+        mean = jnp.mean(jnp.stack(log_probs), axis=0)  # [rows, vocab]
+        return jax.nn.log_softmax(mean, axis=-1), tuple(new_caches)
+
+    return combined

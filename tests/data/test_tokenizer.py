@@ -1,0 +1,100 @@
+"""Shared sentencepiece vocabulary: special ids, roundtrip, EOS handling, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+from attnmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    NUM_SPECIAL,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    train_vocab,
+)
+from attnmt.errors import DataError
+
+from .conftest import interleave, make_pairs
+
+
+def test_special_ids_fixed(vocab_path: Path, tokenizer: Tokenizer) -> None:
+    assert (PAD_ID, EOS_ID, BOS_ID, UNK_ID, NUM_SPECIAL) == (0, 1, 2, 3, 4)
+    # Reference: sentencepiece's own view of the written model.
+    sp = spm.SentencePieceProcessor(model_file=str(vocab_path))
+    assert (sp.pad_id(), sp.eos_id(), sp.bos_id(), sp.unk_id()) == (0, 1, 2, 3)
+    assert [sp.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<s>"]
+    assert (tokenizer.pad_id, tokenizer.eos_id, tokenizer.bos_id) == (0, 1, 2)
+    assert tokenizer.vocab_size == sp.get_piece_size()
+    assert vocab_path.with_suffix(".vocab").is_file()
+    # Only the two final files are left: no temp prefix or folder.
+    assert sorted(p.name for p in vocab_path.parent.iterdir()) == ["vocab.model", "vocab.vocab"]
+
+
+def test_roundtrip(tokenizer: Tokenizer, corpus_pairs) -> None:
+    texts = interleave(corpus_pairs[:50])
+    for text in texts:
+        ids = tokenizer.encode(text)
+        assert ids and min(ids) >= NUM_SPECIAL  # in-vocabulary text: no special/unk ids
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
+    assert tokenizer.decode_batch(tokenizer.encode_batch(texts)) == texts
+
+
+def test_decode_stops_at_eos_ignores_pad_bos(tokenizer: Tokenizer) -> None:
+    a, b = tokenizer.encode("the red dog"), tokenizer.encode("ein hund")
+    assert tokenizer.decode([*a, EOS_ID, *b]) == "the red dog"
+    assert tokenizer.decode([BOS_ID, *a, EOS_ID, PAD_ID, PAD_ID]) == "the red dog"
+    assert tokenizer.decode([PAD_ID, *a[:1], PAD_ID, *a[1:]]) == "the red dog"
+    assert tokenizer.decode([EOS_ID, *a]) == ""
+    assert tokenizer.decode_batch([[*a, EOS_ID, *b], [*b]]) == ["the red dog", "ein hund"]
+
+
+def test_decode_tolerates_out_of_range_ids(tokenizer: Tokenizer) -> None:
+    # A model's output layer may be wider than the vocabulary.
+    text = tokenizer.decode([*tokenizer.encode("a dog"), tokenizer.vocab_size + 5])
+    assert text.startswith("a dog")
+
+
+@pytest.mark.parametrize("max_sentences", [10_000_000, 300])  # 300 < corpus: sampling path
+def test_training_is_deterministic(tmp_path: Path, max_sentences: int) -> None:
+    texts = interleave(make_pairs(300, seed=7))
+    paths = [
+        train_vocab(texts, tmp_path / f"run{i}" / "v.model", 80, max_sentences=max_sentences)
+        for i in range(2)
+    ]
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_training_errors(tmp_path: Path) -> None:
+    texts = interleave(make_pairs(50))
+    with pytest.raises(DataError, match="vocab_size"):
+        train_vocab(texts, tmp_path / "v.model", NUM_SPECIAL)
+    with pytest.raises(DataError, match="vocab_size"):
+        train_vocab(texts, tmp_path / "v.model", 8)  # fewer ids than distinct characters
+    with pytest.raises(DataError, match="no non-empty"):
+        train_vocab(["", "  "], tmp_path / "v.model", 100)
+    assert list(tmp_path.iterdir()) == []  # failed runs leave nothing behind
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"missing\.model"):
+        Tokenizer.load(tmp_path / "missing.model")
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(DataError, match=r"bad\.model"):
+        Tokenizer.load(bad)
+    # A model trained outside attnmt, with sentencepiece's default special ids.
+    texts = interleave(make_pairs(50))
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(tmp_path / "other"),
+        vocab_size=40,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    with pytest.raises(DataError, match="special ids"):
+        Tokenizer.load(tmp_path / "other.model")

@@ -1,0 +1,397 @@
+"""Decoding tests against brute-force enumeration with tiny second-order Markov "models".
+
+The test model looks up ``logits = table[row, position, prev_token, last_token]``. ``last_token``
+is the input; ``position`` (int [rows]), ``prev_token`` (float one-hot [rows, vocab]) and the
+table itself (one per sentence) live in the cache, so any mistake in reordering cache rows when
+beams are reordered changes the result. A scalar ``step`` leaf checks that 0-d leaves are shared.
+The model does not mask PAD/BOS: the decoders themselves must never emit them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnmt.decode.beam_search import (
+    beam_search,
+    ensemble,
+    expand_to_beams,
+    greedy_search,
+    sample,
+)
+
+PAD, EOS, BOS = 0, 1, 2
+
+
+# --------------------------------------------------------------------------- test model
+
+
+def table_model(tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    table = cache["table"]  # [rows, length, vocab(prev), vocab(last), vocab(next)]
+    rows = table.shape[0]
+    pos = jnp.minimum(cache["pos"], table.shape[1] - 1)  # [rows]
+    last = tokens[:, 0]  # [rows]
+    by_prev = table[jnp.arange(rows), pos, :, last]  # [rows, vocab(prev), vocab(next)]
+    logits = jnp.einsum("rp,rpv->rv", cache["prev"], by_prev)  # [rows, vocab]
+    new_cache = {
+        "table": table,
+        "pos": cache["pos"] + 1,
+        "prev": jax.nn.one_hot(last, table.shape[-1], dtype=jnp.float32),
+        "step": cache["step"] + 1,
+    }
+    return logits, new_cache
+
+
+def make_cache(tables: np.ndarray) -> dict:
+    """tables: [batch, length, vocab, vocab, vocab] -> cache with ``batch`` rows."""
+    batch, vocab = tables.shape[0], tables.shape[-1]
+    return {
+        "table": jnp.asarray(tables, jnp.float32),
+        "pos": jnp.zeros((batch,), jnp.int32),
+        "prev": jax.nn.one_hot(jnp.full((batch,), PAD), vocab, dtype=jnp.float32),
+        "step": jnp.array(0, jnp.int32),
+    }
+
+
+def random_tables(seed: int, batch: int, length: int, vocab: int) -> np.ndarray:
+    # Scale 2 gives peaked but not degenerate distributions, so hypotheses rarely tie.
+    return np.random.default_rng(seed).normal(0.0, 2.0, (batch, length, vocab, vocab, vocab))
+
+
+# --------------------------------------------------------------------------- references
+
+
+def log_softmax64(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def sequence_log_prob(table: np.ndarray, seq: tuple[int, ...]) -> float:
+    """float64 log P(seq) under one sentence's table (seq excludes BOS, includes EOS)."""
+    logp = log_softmax64(table)
+    prev, last, total = PAD, BOS, 0.0
+    for t, tok in enumerate(seq):
+        total += logp[t, prev, last, tok]
+        prev, last = last, tok
+    return total
+
+
+def gnmt_score(log_prob: float, length: int, alpha: float) -> float:
+    return log_prob / ((5.0 + length) / 6.0) ** alpha
+
+
+def brute_force(table: np.ndarray, max_len: int, alpha: float) -> list[tuple[float, tuple]]:
+    """All sequences of <= max_len tokens ending in EOS (no PAD/BOS), best first."""
+    content = range(3, table.shape[-1])
+    results = []
+    for m in range(max_len):
+        for body in itertools.product(content, repeat=m):
+            seq = (*body, EOS)
+            results.append((gnmt_score(sequence_log_prob(table, seq), len(seq), alpha), seq))
+    return sorted(results, key=lambda r: -r[0])
+
+
+def strip(row: np.ndarray) -> tuple[int, ...]:
+    """Tokens up to and including the first EOS."""
+    row = list(row)
+    return tuple(row[: row.index(EOS) + 1]) if EOS in row else tuple(row)
+
+
+# --------------------------------------------------------------------------- jitted decoders
+
+
+@functools.lru_cache(maxsize=None)
+def jit_beam(fn, batch: int, beam: int, length: int):
+    # alpha and max_lengths are traced, so one compilation serves every test on this shape.
+    return jax.jit(
+        functools.partial(
+            beam_search, fn, batch_size=batch, beam_size=beam, max_decode_len=length
+        )
+    )
+
+
+def run_beam(tables, beam, alpha, max_lengths=None, fn=table_model, cache=None):
+    batch, length = tables.shape[0], tables.shape[1]
+    if max_lengths is None:
+        max_lengths = [length] * batch
+    cache = make_cache(tables) if cache is None else cache
+    seqs, scores = jit_beam(fn, batch, beam, length)(
+        expand_to_beams(cache, beam), alpha=alpha, max_lengths=jnp.asarray(max_lengths, jnp.int32)
+    )
+    return np.asarray(seqs), np.asarray(scores)
+
+
+def check_against_brute_force(seqs, scores, tables, max_lengths, alpha, log_tables=None):
+    """Every returned slot equals the brute-force ranking (which the beam can hold entirely)."""
+    log_tables = tables if log_tables is None else log_tables
+    beam = seqs.shape[1]
+    for b in range(tables.shape[0]):
+        expected = brute_force(log_tables[b], max_lengths[b], alpha)[:beam]
+        for k, (score, seq) in enumerate(expected):
+            assert strip(seqs[b, k]) == seq, (b, k)
+            np.testing.assert_allclose(scores[b, k], score, rtol=2e-5, atol=2e-5)
+        for k in range(len(expected), beam):  # fewer hypotheses than slots exist
+            assert np.isneginf(scores[b, k]) and (seqs[b, k] == PAD).all()
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+# (vocab, length, beam) with C = vocab - 3 content tokens. Beam search is exhaustive when the
+# beam holds every candidate of every step: beam >= (C + 1) * C^t for t <= length - 2 (EOS is
+# only accepted from the top beam_size candidates of a step) and beam >= C^(length - 1) (live
+# prefixes at the forced-EOS step). Then it must return exactly the brute-force top-k. Case 1
+# has 15 sequences for 16 slots (one empty slot); case 2 has 31 sequences for 24 slots
+# (truncation, so the early-stop bound decides when sentences finish).
+SHAPES = [(5, 4, 16), (5, 5, 24)]
+
+
+@pytest.mark.parametrize(("vocab", "length", "beam"), SHAPES)
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0, -0.5])
+def test_wide_beam_equals_brute_force(vocab, length, beam, alpha):
+    for seed in range(2):
+        tables = random_tables(seed, 3, length, vocab)  # a different table per sentence
+        seqs, scores = run_beam(tables, beam, alpha)
+        check_against_brute_force(seqs, scores, tables, [length] * 3, alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_max_lengths_per_row(alpha):
+    vocab, length, beam = SHAPES[1]
+    tables = random_tables(7, 3, length, vocab)
+    max_lengths = [3, 2, 4]
+    # Row 1 hates EOS before its limit (so it must be forced there), row 2 loves it at once.
+    tables[1, : max_lengths[1] - 1, :, :, EOS] -= 20.0
+    tables[2, :, :, :, EOS] += 20.0
+    seqs, scores = run_beam(tables, beam, alpha, max_lengths)
+    check_against_brute_force(seqs, scores, tables, max_lengths, alpha)
+    assert len(strip(seqs[1, 0])) == 2  # forced EOS exactly at the limit
+    assert strip(seqs[2, 0]) == (EOS,)
+
+
+def test_finished_hypotheses_are_final():
+    vocab, length, beam = SHAPES[1]
+    alpha = 0.6
+    tables = random_tables(11, 3, length, vocab)
+    tables[0, :, :, :, EOS] += 3.0  # row 0 finishes early, rows 1-2 at various steps
+    seqs, scores = run_beam(tables, beam, alpha, [4, 3, 4])
+    for b, k in itertools.product(range(3), range(beam)):
+        row = list(seqs[b, k])
+        if np.isneginf(scores[b, k]):
+            continue
+        end = row.index(EOS)
+        assert row.count(EOS) == 1
+        assert all(t == PAD for t in row[end + 1 :])  # nothing after EOS
+        assert all(t not in (PAD, BOS) for t in row[:end])
+        # The recorded score is the score of exactly this sequence: it was not extended or
+        # re-scored after finishing.
+        seq = tuple(row[: end + 1])
+        expected = gnmt_score(sequence_log_prob(tables[b], seq), len(seq), alpha)
+        np.testing.assert_allclose(scores[b, k], expected, rtol=2e-5, atol=2e-5)
+    for row in scores:  # best first
+        finite = row[np.isfinite(row)]
+        assert (np.diff(finite) <= 0).all()
+
+
+def test_cache_rows_checked():
+    tables = random_tables(0, 2, 3, 5)
+    with pytest.raises(ValueError, match="leading dimension"):
+        beam_search(table_model, make_cache(tables), batch_size=2, beam_size=2, max_decode_len=3)
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def greedy_reference(table: np.ndarray, max_len: int) -> tuple[tuple, float]:
+    logp = log_softmax64(table)
+    logp[..., [PAD, BOS]] = -np.inf
+    prev, last, total, seq = PAD, BOS, 0.0, []
+    for t in range(max_len):
+        allowed = logp[t, prev, last] if t < max_len - 1 else np.where(np.arange(len(logp[t, 0, 0])) == EOS, logp[t, prev, last], -np.inf)  # noqa: E501
+        tok = int(np.argmax(allowed))
+        total, prev, last = total + logp[t, prev, last, tok], last, tok
+        seq.append(tok)
+        if tok == EOS:
+            break
+    return tuple(seq), total
+
+
+@functools.lru_cache(maxsize=None)
+def jit_greedy(fn, batch: int, length: int):
+    return jax.jit(
+        functools.partial(greedy_search, fn, batch_size=batch, max_decode_len=length)
+    )
+
+
+def test_greedy_matches_reference_and_beam_one():
+    vocab, length = 6, 5
+    tables = random_tables(3, 4, length, vocab)
+    tables[0, :, :, :, EOS] += 4.0  # rows finish at different steps
+    max_lengths = jnp.asarray([5, 5, 3, 1], jnp.int32)
+    seqs, logps = jit_greedy(table_model, 4, length)(make_cache(tables), max_lengths=max_lengths)
+    seqs, logps = np.asarray(seqs), np.asarray(logps)
+    for b in range(4):
+        seq, total = greedy_reference(tables[b], int(max_lengths[b]))
+        assert strip(seqs[b]) == seq and (seqs[b, len(seq) :] == PAD).all()
+        np.testing.assert_allclose(logps[b], total, rtol=1e-5, atol=1e-5)
+    # beam_size = 1 without length penalty is greedy decoding. (With alpha > 0 beam search may
+    # legitimately keep going after greedy's EOS and find a better-scoring longer hypothesis.)
+    beam_seqs, beam_scores = run_beam(tables, 1, 0.0, list(np.asarray(max_lengths)))
+    np.testing.assert_array_equal(beam_seqs[:, 0], seqs)
+    np.testing.assert_allclose(beam_scores[:, 0], logps, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- ensembles
+
+
+# One ensemble object for all tests, so that its compiled beam search is reused.
+PAIR = ensemble([table_model, table_model])
+
+
+def test_ensemble_of_identical_models_is_the_model():
+    vocab, length, beam = SHAPES[1]
+    tables = random_tables(5, 3, length, vocab)
+    cache = make_cache(tables)
+    single = run_beam(tables, beam, 0.6)
+    double = run_beam(tables, beam, 0.6, fn=PAIR, cache=(cache, cache))
+    np.testing.assert_array_equal(double[0], single[0])
+    np.testing.assert_allclose(double[1], single[1], rtol=1e-5, atol=1e-5)
+
+
+def test_ensemble_of_different_models_is_log_linear_average():
+    vocab, length, beam = SHAPES[1]
+    first, second = random_tables(8, 3, length, vocab), random_tables(9, 3, length, vocab)
+    cache = (make_cache(first), make_cache(second))
+    seqs, scores = run_beam(first, beam, 0.6, fn=PAIR, cache=cache)
+    # Reference: the normalised geometric mean of the two distributions, enumerated in float64.
+    mean_table = log_softmax64((log_softmax64(first) + log_softmax64(second)) / 2.0)
+    check_against_brute_force(seqs, scores, first, [length] * 3, 0.6, log_tables=mean_table)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sampling_top1_is_greedy_and_deterministic():
+    vocab, length = 6, 5
+    tables = random_tables(4, 4, length, vocab)
+    cache = make_cache(tables)
+    greedy = jit_greedy(table_model, 4, length)(cache)
+    draw = jax.jit(
+        functools.partial(sample, table_model, batch_size=4, max_decode_len=length, top_k=1)
+    )
+    top1 = draw(cache, jax.random.key(0))
+    np.testing.assert_array_equal(top1[0], greedy[0])
+    np.testing.assert_allclose(top1[1], greedy[1], rtol=1e-6)
+    # temperature 0 is documented as greedy decoding
+    zero = sample(table_model, cache, jax.random.key(0), batch_size=4, max_decode_len=length,
+                  temperature=0.0)  # fmt: skip
+    np.testing.assert_array_equal(zero[0], greedy[0])
+    with pytest.raises(ValueError, match="temperature"):
+        sample(table_model, cache, jax.random.key(0), batch_size=4, max_decode_len=length,
+               temperature=-1.0)  # fmt: skip
+
+
+def constant_model(logits: np.ndarray):
+    """Same next-token logits at every step and row; the cache is a per-row counter."""
+    row = jnp.asarray(logits, jnp.float32)
+
+    def fn(tokens, cache):
+        return jnp.broadcast_to(row, (tokens.shape[0], row.shape[0])), cache + 1
+
+    return fn
+
+
+def test_sampling_is_deterministic_for_fixed_rng():
+    fn = constant_model(np.array([0.0, 0.5, 0.0, 1.0, 0.2, -0.3]))
+    draw = jax.jit(functools.partial(sample, fn, batch_size=64, max_decode_len=6))
+    cache = jnp.zeros((64,), jnp.int32)
+    a, b = draw(cache, jax.random.key(1)), draw(cache, jax.random.key(1))
+    c = draw(cache, jax.random.key(2))
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.array_equal(a[0], c[0])
+    seqs = np.asarray(a[0])
+    assert not np.isin(seqs[:, :-1], [BOS]).any()
+    for row in seqs:  # every row ends with EOS then pads
+        assert list(row).count(EOS) == 1 and (row[list(row).index(EOS) + 1 :] == PAD).all()
+
+
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.5, 0), (2.0, 2)])
+def test_sampling_frequencies(temperature, top_k):
+    logits = np.array([3.0, 0.3, 3.0, 1.0, 0.0, -0.7])  # PAD/BOS large: must still be excluded
+    fn = constant_model(logits)
+    n = 4000
+    seqs, log_probs = sample(fn, jnp.zeros((n,), jnp.int32), jax.random.key(42), batch_size=n,
+                             max_decode_len=2, temperature=temperature, top_k=top_k)  # fmt: skip
+    first = np.asarray(seqs)[:, 0]
+    allowed = np.array([EOS, 3, 4, 5])
+    scaled = logits[allowed] / temperature
+    if top_k:
+        scaled = np.where(scaled >= np.sort(scaled)[-top_k], scaled, -np.inf)
+    expected = np.exp(scaled - scaled.max())
+    expected /= expected.sum()
+    counts = np.array([(first == t).sum() for t in allowed])
+    assert counts.sum() == n  # PAD/BOS never sampled
+    assert (counts[expected == 0] == 0).all()
+    support = expected > 0
+    chi2 = (((counts - n * expected) ** 2)[support] / (n * expected[support])).sum()
+    # 3 degrees of freedom at most: P(chi2 > 30) < 1e-5, and the rng is fixed anyway.
+    assert chi2 < 30.0, (counts, n * expected)
+    # log_probs are under the model (T = 1, full vocabulary), not the sampling distribution.
+    model_logp = log_softmax64(logits)
+    np.testing.assert_allclose(np.asarray(log_probs)[first == EOS], model_logp[EOS], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- early stopping
+
+
+CALLS: list = []
+
+
+def counting_model(tokens: jax.Array, cache: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Logits [0, bonus, 0, 0, 0] with bonus = cache [rows]; counts calls via a host callback."""
+    jax.debug.callback(lambda: CALLS.append(1))
+    logits = jnp.zeros((tokens.shape[0], 5)).at[:, EOS].set(cache)  # [rows, vocab]
+    return logits, cache
+
+
+# Hand trace with beam 4, content tokens {3, 4} at log-prob ~ -20 each step and EOS at ~ 0:
+#   step 1: finished {EOS: 0}; live {3, 4} at -20.
+#   step 2: finished += {3 EOS, 4 EOS} at -20 / lp(2); only 3 of 4 slots full -> continue.
+#           live: the 4 two-token prefixes at -40.
+#   step 3: their EOS candidates (-40) rank above all -60 extensions, so one joins the finished
+#           set: full, worst = -40 / lp(3). Live beams sit at -60.
+#     alpha = 0:   bound -60 <= worst -40 -> done after 3 model calls.
+#     alpha = 0.6: lp(3) = (8/6)^0.6 = 1.188, lp(12) = (17/6)^0.6 = 1.867;
+#                  bound -60 / 1.867 = -32.1 > worst -40 / 1.188 = -33.7 -> one more step;
+#   step 4 (alpha = 0.6): bound -80 / 1.867 = -42.8 <= -33.7 -> done after 4 calls.
+@pytest.mark.parametrize(("alpha", "expected_calls"), [(0.0, 3), (0.6, 4)])
+def test_beam_search_stops_early(alpha, expected_calls):
+    batch, beam, length = 2, 4, 12
+    decode = jit_beam(counting_model, batch, beam, length)
+    max_lengths = jnp.full((batch,), length, jnp.int32)
+    CALLS.clear()
+    cache = expand_to_beams(jnp.full((batch,), 20.0), beam)
+    seqs, _ = decode(cache, alpha=alpha, max_lengths=max_lengths)
+    jax.effects_barrier()
+    assert len(CALLS) == expected_calls
+    assert (np.asarray(seqs)[:, 0, 0] == EOS).all()
+    # Control: a model that never wants EOS runs to the length limit.
+    CALLS.clear()
+    decode(expand_to_beams(jnp.full((batch,), -20.0), beam), alpha=alpha, max_lengths=max_lengths)
+    jax.effects_barrier()
+    assert len(CALLS) == length
+
+
+def test_greedy_stops_when_all_rows_finished():
+    CALLS.clear()
+    seqs, _ = jit_greedy(counting_model, 3, 10)(jnp.full((3,), 20.0))
+    jax.effects_barrier()
+    assert len(CALLS) == 1
+    assert (np.asarray(seqs)[:, 0] == EOS).all() and (np.asarray(seqs)[:, 1:] == PAD).all()

@@ -1,0 +1,34 @@
+"""NumPy float64 reference implementations used only by tests."""
+
+import numpy as np
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(q, k, v, mask):
+    """q [b, q, h, d], k [b, k, h, d], v [b, k, h, dv], mask [b, 1|h, q, k] (True = keep)."""
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores)
+    return np.einsum("bhqk,bkhd->bqhd", weights, v), weights
+
+
+def multi_head(x_q, x_kv, params, mask):
+    """Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+    wq = np.asarray(params["query"]["kernel"], np.float64)  # [embed, heads, d_k]
+    wk = np.asarray(params["key"]["kernel"], np.float64)
+    wv = np.asarray(params["value"]["kernel"], np.float64)
+    wo = np.asarray(params["out"]["kernel"], np.float64)  # [heads, d_v, embed]
+    heads = []
+    for h in range(wq.shape[1]):
+        q = x_q @ wq[:, h, :]
+        k = x_kv @ wk[:, h, :]
+        v = x_kv @ wv[:, h, :]
+        out, _ = attention(q[:, :, None], k[:, :, None], v[:, :, None], mask)
+        heads.append(out[:, :, 0])
+    concat = np.concatenate(heads, axis=-1)  # [b, q, h*d_v]
+    return concat @ wo.reshape(-1, wo.shape[-1])

@@ -1,0 +1,148 @@
+"""Whole-model properties: causality, padding invariance, positions, shared embedding,
+incremental decoding, compute dtype (PAPER.md "Architecture")."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.layers import SharedEmbedding, sinusoidal_table
+from attnmt.model.transformer import Transformer, shift_right
+
+CONFIG = ModelConfig(
+    vocab_size=24, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=6, num_layers=2,
+    dropout_rate=0.0, max_length=64,
+)
+
+
+def _init(config=CONFIG, length=7):
+    model = Transformer(config)
+    tokens = jnp.ones((2, length), jnp.int32)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens, tokens)["params"])
+    return model, params
+
+
+def _tokens(rng, batch, length, vocab=24):
+    return jnp.asarray(rng.integers(4, vocab, size=(batch, length)), jnp.int32)
+
+
+def test_changing_future_targets_changes_no_earlier_logits():
+    model, params = _init()
+    rng = np.random.default_rng(0)
+    src, tgt = _tokens(rng, 2, 6), _tokens(rng, 2, 7)
+    base = model.apply({"params": params}, src, tgt)
+    for t in range(1, 7):
+        changed = tgt.at[:, t:].set(_tokens(rng, 2, 7 - t))
+        logits = model.apply({"params": params}, src, changed)
+        # Logits at position p depend on targets < p only (the decoder input is shifted).
+        np.testing.assert_array_equal(np.asarray(logits[:, : t + 1]), np.asarray(base[:, : t + 1]))
+        assert not np.allclose(np.asarray(logits[:, t + 1 :]), np.asarray(base[:, t + 1 :])) or t == 6
+
+
+def test_appending_padding_changes_no_real_outputs():
+    model, params = _init()
+    rng = np.random.default_rng(1)
+    src, tgt = _tokens(rng, 2, 5), _tokens(rng, 2, 6)
+    src = src.at[:, -1].set(EOS_ID)
+    tgt = tgt.at[:, -1].set(EOS_ID)
+    base = model.apply({"params": params}, src, tgt)
+    padded_src = jnp.pad(src, ((0, 0), (0, 4)), constant_values=PAD_ID)
+    padded_tgt = jnp.pad(tgt, ((0, 0), (0, 3)), constant_values=PAD_ID)
+    logits = model.apply({"params": params}, padded_src, padded_tgt)
+    np.testing.assert_allclose(np.asarray(logits[:, :6]), np.asarray(base), atol=1e-5)
+
+
+def test_sinusoids_match_the_formula():
+    d_model, length = 10, 30
+    table = sinusoidal_table(length, d_model)
+    for pos in range(length):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_embedding_is_scaled_by_sqrt_d_model():
+    module = SharedEmbedding(CONFIG)
+    tokens = jnp.array([[5, 7, 9]])
+    variables = module.init(jax.random.PRNGKey(0), tokens)
+    matrix = np.asarray(nn.meta.unbox(variables["params"])["embedding"])
+    got = module.apply(variables, tokens)
+    np.testing.assert_allclose(np.asarray(got)[0], matrix[[5, 7, 9]] * math.sqrt(16), rtol=1e-6)
+
+
+def test_one_embedding_matrix_serves_source_target_and_output():
+    model, params = _init()
+    vocab_shaped = [
+        path for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        if CONFIG.vocab_size in leaf.shape
+    ]
+    assert len(vocab_shaped) == 1
+    src = jnp.array([[10, 11, EOS_ID]])  # 10, 11 only in the source
+    tgt = jnp.array([[12, 13, EOS_ID]])  # 12 only in the decoder input; 20 appears nowhere
+
+    def loss(embedding):
+        p = dict(params, embed={"embedding": embedding})
+        logits = model.apply({"params": p}, src, tgt)
+        return jnp.sum(jax.nn.log_softmax(logits)[0, :, 20])
+
+    grad = np.asarray(jax.grad(loss)(params["embed"]["embedding"]))
+    assert np.abs(grad[10]).sum() > 0  # via the encoder embedding
+    assert np.abs(grad[12]).sum() > 0  # via the decoder embedding (and the output layer)
+    assert np.abs(grad[20]).sum() > 0  # via the pre-softmax projection only
+    assert np.abs(grad[13]).sum() > 0
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("length", [1, 4, 9])
+def test_incremental_decoding_equals_teacher_forcing(positional, length):
+    config = ModelConfig(**{**CONFIG.__dict__, "positional": positional})
+    model, params = _init(config)
+    rng = np.random.default_rng(length)
+    src = _tokens(rng, 3, 5).at[1, 3:].set(PAD_ID)
+    tgt = _tokens(rng, 3, length)
+    full = model.apply({"params": params}, src, tgt)
+    encoded = model.apply({"params": params}, src, method=Transformer.encode)
+    decoder_input = shift_right(tgt)
+    _, variables = model.apply(
+        {"params": params}, encoded, src, decoder_input[:, :1], decode=True,
+        max_decode_len=length, method=Transformer.decode, mutable=["cache"],
+    )
+    cache = variables["cache"]
+    for t in range(length):
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, encoded, src, decoder_input[:, t : t + 1],
+            decode=True, method=Transformer.decode, mutable=["cache"],
+        )
+        cache = variables["cache"]
+        np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(full[:, t]), atol=2e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_close_logits():
+    config16 = ModelConfig(**{**CONFIG.__dict__, "dtype": "bfloat16"})
+    model32, params = _init()
+    model16 = Transformer(config16)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
+    rng = np.random.default_rng(3)
+    src, tgt = _tokens(rng, 2, 6), _tokens(rng, 2, 6)
+    full = model32.apply({"params": params}, src, tgt)
+    half = model16.apply({"params": params}, src, tgt)
+    assert half.dtype == jnp.float32  # logits go to the loss in float32
+    assert np.max(np.abs(np.asarray(half) - np.asarray(full))) < 0.1 * np.abs(full).max()
+
+
+def test_dropout_is_active_only_in_training():
+    config = ModelConfig(**{**CONFIG.__dict__, "dropout_rate": 0.3, "attention_dropout_rate": 0.2})
+    model, params = _init(config)
+    src = jnp.array([[5, 6, 7, EOS_ID]])
+    tgt = jnp.array([[8, 9, EOS_ID, PAD_ID]])
+    a = model.apply({"params": params}, src, tgt)
+    b = model.apply({"params": params}, src, tgt)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    c = model.apply({"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
+    d = model.apply({"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(2)})
+    assert not np.allclose(np.asarray(c), np.asarray(d))
