@@ -106,13 +106,11 @@ def strip(row: np.ndarray) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- jitted decoders
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jit_beam(fn, batch: int, beam: int, length: int):
     # alpha and max_lengths are traced, so one compilation serves every test on this shape.
     return jax.jit(
-        functools.partial(
-            beam_search, fn, batch_size=batch, beam_size=beam, max_decode_len=length
-        )
+        functools.partial(beam_search, fn, batch_size=batch, beam_size=beam, max_decode_len=length)
     )
 
 
@@ -199,6 +197,14 @@ def test_finished_hypotheses_are_final():
         assert (np.diff(finite) <= 0).all()
 
 
+def test_expand_to_beams_layout():
+    tree = {"x": jnp.arange(6).reshape(2, 3), "shared": jnp.array(7)}
+    out = expand_to_beams(tree, 3)
+    # rows [b0 beam0, b0 beam1, b0 beam2, b1 beam0, ...]
+    np.testing.assert_array_equal(out["x"][:, 0], [0, 0, 0, 3, 3, 3])
+    assert out["shared"].ndim == 0
+
+
 def test_cache_rows_checked():
     tables = random_tables(0, 2, 3, 5)
     with pytest.raises(ValueError, match="leading dimension"):
@@ -209,11 +215,13 @@ def test_cache_rows_checked():
 
 
 def greedy_reference(table: np.ndarray, max_len: int) -> tuple[tuple, float]:
+    """Argmax decoding in float64, PAD/BOS excluded, EOS forced at position max_len - 1."""
     logp = log_softmax64(table)
-    logp[..., [PAD, BOS]] = -np.inf
     prev, last, total, seq = PAD, BOS, 0.0, []
     for t in range(max_len):
-        allowed = logp[t, prev, last] if t < max_len - 1 else np.where(np.arange(len(logp[t, 0, 0])) == EOS, logp[t, prev, last], -np.inf)  # noqa: E501
+        allowed = np.full(table.shape[-1], -np.inf)
+        keep = [EOS] if t == max_len - 1 else [*range(3, table.shape[-1]), EOS]
+        allowed[keep] = logp[t, prev, last, keep]
         tok = int(np.argmax(allowed))
         total, prev, last = total + logp[t, prev, last, tok], last, tok
         seq.append(tok)
@@ -222,11 +230,9 @@ def greedy_reference(table: np.ndarray, max_len: int) -> tuple[tuple, float]:
     return tuple(seq), total
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jit_greedy(fn, batch: int, length: int):
-    return jax.jit(
-        functools.partial(greedy_search, fn, batch_size=batch, max_decode_len=length)
-    )
+    return jax.jit(functools.partial(greedy_search, fn, batch_size=batch, max_decode_len=length))
 
 
 def test_greedy_matches_reference_and_beam_one():
@@ -289,12 +295,19 @@ def test_sampling_top1_is_greedy_and_deterministic():
     np.testing.assert_array_equal(top1[0], greedy[0])
     np.testing.assert_allclose(top1[1], greedy[1], rtol=1e-6)
     # temperature 0 is documented as greedy decoding
-    zero = sample(table_model, cache, jax.random.key(0), batch_size=4, max_decode_len=length,
-                  temperature=0.0)  # fmt: skip
+    zero = sample(
+        table_model, cache, jax.random.key(0), batch_size=4, max_decode_len=length, temperature=0.0
+    )
     np.testing.assert_array_equal(zero[0], greedy[0])
     with pytest.raises(ValueError, match="temperature"):
-        sample(table_model, cache, jax.random.key(0), batch_size=4, max_decode_len=length,
-               temperature=-1.0)  # fmt: skip
+        sample(
+            table_model,
+            cache,
+            jax.random.key(0),
+            batch_size=4,
+            max_decode_len=length,
+            temperature=-1.0,
+        )
 
 
 def constant_model(logits: np.ndarray):
@@ -327,8 +340,15 @@ def test_sampling_frequencies(temperature, top_k):
     logits = np.array([3.0, 0.3, 3.0, 1.0, 0.0, -0.7])  # PAD/BOS large: must still be excluded
     fn = constant_model(logits)
     n = 4000
-    seqs, log_probs = sample(fn, jnp.zeros((n,), jnp.int32), jax.random.key(42), batch_size=n,
-                             max_decode_len=2, temperature=temperature, top_k=top_k)  # fmt: skip
+    seqs, log_probs = sample(
+        fn,
+        jnp.zeros((n,), jnp.int32),
+        jax.random.key(42),
+        batch_size=n,
+        max_decode_len=2,
+        temperature=temperature,
+        top_k=top_k,
+    )
     first = np.asarray(seqs)[:, 0]
     allowed = np.array([EOS, 3, 4, 5])
     scaled = logits[allowed] / temperature

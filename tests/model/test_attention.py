@@ -32,8 +32,9 @@ def test_scaled_dot_product_weights_match_numpy(mask_kind):
     v = rng.normal(size=(2, 6, 3, 4))
     mask = _masks(2, 6, 6, rng)[mask_kind]
     _, expected = reference.attention(q, k, v, mask)
-    got = dot_product_attention_weights(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                        jnp.asarray(mask))
+    got = dot_product_attention_weights(
+        jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(mask)
+    )
     np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
 
 
@@ -45,11 +46,21 @@ def test_multi_head_attention_matches_numpy(mask_kind, cross):
     x_kv = rng.normal(size=(3, 6, CONFIG.d_model)) if cross else x_q
     mask = _masks(3, 6, 6, rng)[mask_kind]
     module = MultiHeadAttention(CONFIG, static_kv=cross)
-    variables = module.init(jax.random.PRNGKey(0), jnp.asarray(x_q, jnp.float32),
-                            jnp.asarray(x_kv, jnp.float32), jnp.asarray(mask), train=False)
+    variables = module.init(
+        jax.random.PRNGKey(0),
+        jnp.asarray(x_q, jnp.float32),
+        jnp.asarray(x_kv, jnp.float32),
+        jnp.asarray(mask),
+        train=False,
+    )
     params = nn.meta.unbox(variables["params"])
-    got = module.apply({"params": params}, jnp.asarray(x_q, jnp.float32),
-                       jnp.asarray(x_kv, jnp.float32), jnp.asarray(mask), train=False)
+    got = module.apply(
+        {"params": params},
+        jnp.asarray(x_q, jnp.float32),
+        jnp.asarray(x_kv, jnp.float32),
+        jnp.asarray(mask),
+        train=False,
+    )
     expected = reference.multi_head(x_q, x_kv, params, mask)
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
 

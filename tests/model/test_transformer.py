@@ -14,8 +14,15 @@ from attnmt.model.layers import SharedEmbedding, sinusoidal_table
 from attnmt.model.transformer import Transformer, shift_right
 
 CONFIG = ModelConfig(
-    vocab_size=24, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=6, num_layers=2,
-    dropout_rate=0.0, max_length=64,
+    vocab_size=24,
+    d_model=16,
+    d_ff=32,
+    num_heads=2,
+    d_k=8,
+    d_v=6,
+    num_layers=2,
+    dropout_rate=0.0,
+    max_length=64,
 )
 
 
@@ -40,7 +47,9 @@ def test_changing_future_targets_changes_no_earlier_logits():
         logits = model.apply({"params": params}, src, changed)
         # Logits at position p depend on targets < p only (the decoder input is shifted).
         np.testing.assert_array_equal(np.asarray(logits[:, : t + 1]), np.asarray(base[:, : t + 1]))
-        assert not np.allclose(np.asarray(logits[:, t + 1 :]), np.asarray(base[:, t + 1 :])) or t == 6
+        assert (
+            not np.allclose(np.asarray(logits[:, t + 1 :]), np.asarray(base[:, t + 1 :])) or t == 6
+        )
 
 
 def test_appending_padding_changes_no_real_outputs():
@@ -78,7 +87,8 @@ def test_embedding_is_scaled_by_sqrt_d_model():
 def test_one_embedding_matrix_serves_source_target_and_output():
     model, params = _init()
     vocab_shaped = [
-        path for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        path
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
         if CONFIG.vocab_size in leaf.shape
     ]
     assert len(vocab_shaped) == 1
@@ -109,14 +119,25 @@ def test_incremental_decoding_equals_teacher_forcing(positional, length):
     encoded = model.apply({"params": params}, src, method=Transformer.encode)
     decoder_input = shift_right(tgt)
     _, variables = model.apply(
-        {"params": params}, encoded, src, decoder_input[:, :1], decode=True,
-        max_decode_len=length, method=Transformer.decode, mutable=["cache"],
+        {"params": params},
+        encoded,
+        src,
+        decoder_input[:, :1],
+        decode=True,
+        max_decode_len=length,
+        method=Transformer.decode,
+        mutable=["cache"],
     )
     cache = variables["cache"]
     for t in range(length):
         logits, variables = model.apply(
-            {"params": params, "cache": cache}, encoded, src, decoder_input[:, t : t + 1],
-            decode=True, method=Transformer.decode, mutable=["cache"],
+            {"params": params, "cache": cache},
+            encoded,
+            src,
+            decoder_input[:, t : t + 1],
+            decode=True,
+            method=Transformer.decode,
+            mutable=["cache"],
         )
         cache = variables["cache"]
         np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(full[:, t]), atol=2e-5)
@@ -143,6 +164,10 @@ def test_dropout_is_active_only_in_training():
     a = model.apply({"params": params}, src, tgt)
     b = model.apply({"params": params}, src, tgt)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    c = model.apply({"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(1)})
-    d = model.apply({"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(2)})
+    c = model.apply(
+        {"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(1)}
+    )
+    d = model.apply(
+        {"params": params}, src, tgt, train=True, rngs={"dropout": jax.random.PRNGKey(2)}
+    )
     assert not np.allclose(np.asarray(c), np.asarray(d))

@@ -104,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for noisy in ("absl", "jax._src.xla_bridge", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     rest, overrides = _split_overrides(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(rest)
     try:

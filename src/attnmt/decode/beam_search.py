@@ -65,7 +65,7 @@ def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
     layout :func:`beam_search` expects. Scalar leaves are shared by all rows and left as they are.
     Use it on the encoder output/mask and the initial decoder cache before calling beam search.
     """
-    return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if x.ndim >= 1 else x, tree)
+    return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0) if jnp.ndim(x) >= 1 else x, tree)
 
 
 def length_penalty(length: jax.Array | int, alpha: jax.Array | float) -> jax.Array:
@@ -99,18 +99,14 @@ def _row_max_lengths(
 
 
 def _step_log_probs(
-    logits: jax.Array,
-    step: jax.Array,
-    row_max: jax.Array,
-    eos_id: int,
-    bos_id: int,
-    pad_id: int,
+    logits: jax.Array, step: jax.Array, row_max: jax.Array, ids: tuple[int, int, int]
 ) -> jax.Array:
     """float32 log-probabilities for the token at position ``step``, masked for decoding.
 
     logits: [rows, vocab]; row_max: [rows] per-row length limit. PAD/BOS get -inf (never emitted);
     rows at their last allowed position may only emit EOS (forced finish).
     """
+    eos_id, bos_id, pad_id = ids
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [rows, vocab]
     vocab_ids = jnp.arange(logp.shape[-1])  # [vocab]
     banned = (vocab_ids == pad_id) | (vocab_ids == bos_id)  # [vocab]
@@ -127,7 +123,7 @@ def _gather_rows(tree: PyTree, beam_idx: jax.Array, old_beam: int) -> PyTree:
     """
     batch = beam_idx.shape[0]
     rows = (jnp.arange(batch)[:, None] * old_beam + beam_idx).reshape(-1)  # [batch * new_beam]
-    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0) if x.ndim >= 1 else x, tree)
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0) if jnp.ndim(x) >= 1 else x, tree)
 
 
 def _gather_beams(x: jax.Array, beam_idx: jax.Array) -> jax.Array:
@@ -218,13 +214,12 @@ def _beam_step(
     ids: tuple[int, int, int],
 ) -> _BeamState:
     batch, beam_size, _ = state.live_seqs.shape
-    eos_id, bos_id, pad_id = ids
     logits, cache = tokens_to_logits(state.last_tok.reshape(batch * beam_size, 1), state.cache)
     row_max_rows = jnp.repeat(row_max, beam_size)  # [batch * beam]
-    logp = _step_log_probs(logits, state.step, row_max_rows, eos_id, bos_id, pad_id)
+    logp = _step_log_probs(logits, state.step, row_max_rows, ids)
     logp = logp.reshape(batch, beam_size, -1)  # [batch, beam, vocab]
     cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
-    cand_is_eos = cand_seqs[:, :, state.step] == eos_id  # [batch, 2K]
+    cand_is_eos = cand_seqs[:, :, state.step] == ids[0]  # [batch, 2K]
     fin_seqs, fin_scores = _select_finished(state, cand_logp, cand_seqs, cand_is_eos, alpha)
 
     # Live: the best K non-EOS candidates; finished hypotheses are never extended.
@@ -256,28 +251,22 @@ def beam_search(
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty and exact early stopping.
 
-    Args:
-      tokens_to_logits: the model step function (see the module docstring).
-      cache: initial cache, already expanded to ``batch_size * beam_size`` rows with
-        :func:`expand_to_beams` (row ``b * beam_size + k`` is beam ``k`` of sentence ``b``).
-      alpha: length-penalty exponent; a hypothesis' score is ``log P(Y) / lp(|Y|)`` with
-        ``lp(|Y|) = ((5 + |Y|) / 6) ** alpha`` and ``|Y|`` = number of emitted tokens including the
-        final EOS, excluding BOS (see :func:`length_penalty`; some toolkits use ``|Y| ** alpha``).
-        ``alpha = 0`` ranks by plain log-probability.
-      max_lengths: optional int ``[batch]`` per-sentence limit on ``|Y|`` (the paper uses input
-        length + 50). At the limit the hypothesis is forced to emit EOS (scored by the model).
+    ``cache`` is already expanded to ``batch_size * beam_size`` rows by :func:`expand_to_beams`.
+    A hypothesis scores ``log P(Y) / lp(|Y|)`` (:func:`length_penalty`; ``|Y|`` counts the
+    emitted tokens including EOS; ``alpha = 0`` ranks by log-probability). ``max_lengths``
+    ([batch], optional; the paper uses input length + 50) bounds ``|Y|`` per sentence, with a
+    forced EOS at the limit (module docstring).
 
-    Returns:
-      ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first, EOS included, ``pad_id``
-      after it) and ``scores`` float32 ``[batch, beam]``. If fewer than ``beam_size`` distinct
-      hypotheses exist, the remaining slots have score -inf and all-``pad_id`` sequences.
+    Each step extends every live beam by every token and keeps the top ``2 * beam_size``
+    candidates; EOS candidates ranked within the top ``beam_size`` join the finished set (the
+    best ``beam_size`` by score), the best ``beam_size`` non-EOS ones become the live beams. A
+    sentence is done when no live beam can beat its worst finished hypothesis (bound: live
+    log-prob / the largest reachable length penalty); the loop stops when all sentences are done
+    or after ``max_decode_len`` steps.
 
-    Search: each step extends every live beam by every token, keeps the top ``2 * beam_size``
-    candidates, moves the EOS candidates ranked within the top ``beam_size`` to the finished set
-    (which keeps the best ``beam_size`` by score) and keeps the best ``beam_size`` non-EOS ones as
-    live beams. A sentence is done when no live beam can still beat its worst finished
-    hypothesis (bound: live log-prob divided by the largest reachable length penalty); the loop
-    stops when all sentences are done or after ``max_decode_len`` steps.
+    Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
+    float32 ``[batch, beam]``. Slots for which no hypothesis exists (tiny search spaces) have
+    score -inf and all-``pad_id`` sequences.
     """
     rows = batch_size * beam_size
     _check_cache_rows(cache, rows, f"batch_size * beam_size = {batch_size} * {beam_size}")
@@ -326,14 +315,12 @@ def _single_path_decode(
     tokens_to_logits: TokensToLogits,
     cache: PyTree,
     choose: Callable[[jax.Array, jax.Array], jax.Array],
-    batch_size: int,
-    max_decode_len: int,
-    eos_id: int,
-    bos_id: int,
-    pad_id: int,
+    sizes: tuple[int, int],
+    ids: tuple[int, int, int],
     max_lengths: jax.Array | None,
 ) -> tuple[jax.Array, jax.Array]:
     """One hypothesis per row; ``choose(log_probs [batch, vocab], step) -> tokens [batch]``."""
+    (batch_size, max_decode_len), (eos_id, bos_id, pad_id) = sizes, ids
     _check_cache_rows(cache, batch_size, f"batch_size = {batch_size}")
     row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
     state = _SingleState(
@@ -350,7 +337,7 @@ def _single_path_decode(
 
     def body(s: _SingleState) -> _SingleState:
         logits, new_cache = tokens_to_logits(s.last_tok[:, None], s.cache)
-        logp = _step_log_probs(logits, s.step, row_max, eos_id, bos_id, pad_id)  # [batch, vocab]
+        logp = _step_log_probs(logits, s.step, row_max, ids)  # [batch, vocab]
         tok = choose(logp, s.step).astype(jnp.int32)  # [batch]
         tok = jnp.where(s.done, pad_id, tok)  # finished rows only pad
         tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]  # [batch]
@@ -383,10 +370,8 @@ def greedy_search(
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
         return jnp.argmax(logp, axis=-1)
 
-    return _single_path_decode(
-        tokens_to_logits, cache, choose, batch_size, max_decode_len, eos_id, bos_id, pad_id,
-        max_lengths,
-    )  # fmt: skip
+    sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
+    return _single_path_decode(tokens_to_logits, cache, choose, sizes, ids, max_lengths)
 
 
 def sample(
@@ -420,10 +405,10 @@ def sample(
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
     if temperature == 0:
+        kwargs = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, max_lengths=max_lengths)
         return greedy_search(
-            tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len,
-            eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, max_lengths=max_lengths,
-        )  # fmt: skip
+            tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
+        )
 
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
         # log_softmax(logits) / T differs from logits / T by a per-row constant, so sampling from
@@ -434,10 +419,8 @@ def sample(
             scaled = jnp.where(scaled < kth, NEG_INF, scaled)
         return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
 
-    return _single_path_decode(
-        tokens_to_logits, cache, choose, batch_size, max_decode_len, eos_id, bos_id, pad_id,
-        max_lengths,
-    )  # fmt: skip
+    sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
+    return _single_path_decode(tokens_to_logits, cache, choose, sizes, ids, max_lengths)
 
 
 # --------------------------------------------------------------------------- ensembles

@@ -21,16 +21,16 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.warmup_steps <= 0:
-            raise ConfigError(f"train.warmup_steps must be positive, got {self.warmup_steps}")
+            raise ConfigError(f"optim.warmup_steps must be positive, got {self.warmup_steps}")
         if self.learning_rate_scale <= 0:
             raise ConfigError(
-                f"train.learning_rate_scale must be positive, got {self.learning_rate_scale}"
+                f"optim.learning_rate_scale must be positive, got {self.learning_rate_scale}"
             )
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.epsilon <= 0 or self.max_grad_norm < 0:
-            raise ConfigError("train.epsilon must be > 0 and train.max_grad_norm ≥ 0")
+            raise ConfigError("optim.epsilon must be > 0 and optim.max_grad_norm ≥ 0")
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
