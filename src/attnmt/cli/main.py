@@ -37,11 +37,30 @@ def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 
 def _cmd_params(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    experiment = _experiment(args, overrides)
     from attnmt.model.param_count import count_parameters, format_breakdown
 
+    if args.table3:
+        return _print_table3(args, overrides)
+    experiment = _experiment(args, overrides)
     counts = count_parameters(experiment.model)
     print(format_breakdown(counts, depth=args.depth))
+    return 0
+
+
+def _print_table3(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    """Markdown table: every variant of the config file, the paper's count and ours."""
+    from attnmt.model.param_count import count_parameters
+    from attnmt.variants import TABLE3, TABLE3_PAPER_PARAMS_M
+
+    path = args.config.partition(":")[0]
+    print("| variant | paper (M) | attnmt | attnmt (M) |")
+    print("|---|---|---|---|")
+    for name in ["base", *TABLE3, "big"]:
+        variant_args = argparse.Namespace(config=f"{path}:variant={name}")
+        total = count_parameters(_experiment(variant_args, overrides).model)["total"]
+        paper = TABLE3_PAPER_PARAMS_M.get(name)
+        paper_text = f"{paper:g}" if paper is not None else "—"
+        print(f"| {name} | {paper_text} | {total:,} | {total / 1e6:.1f} |")
     return 0
 
 
@@ -71,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     params = commands.add_parser("params", help="parameter count with a per-module breakdown")
     _add_config_arguments(params)
     params.add_argument("--depth", type=int, default=2, help="module nesting depth shown")
+    params.add_argument(
+        "--table3", action="store_true", help="count every Table-3 variant of the config file"
+    )
     params.set_defaults(handler=_cmd_params)
 
     vocab = commands.add_parser("vocab", help="train the shared sentencepiece vocabulary")

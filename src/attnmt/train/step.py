@@ -82,7 +82,7 @@ def apply_gradients(
     """One optimizer update from accumulated gradient sums; skips it if anything is non-finite."""
     tokens = jnp.maximum(sums["tokens"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / tokens, grad_sums)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
     updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)

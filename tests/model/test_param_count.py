@@ -1,0 +1,37 @@
+"""Parameter counts equal the closed-form count of the architecture (§3, Table 3)."""
+
+import pytest
+
+from attnmt.cli.config_file import load_config_file
+from attnmt.experiment import Experiment
+from attnmt.model.param_count import count_parameters
+from attnmt.variants import TABLE3
+from tests.test_config import CONFIGS
+
+
+def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0):
+    attention = d * h * d_k * 2 + d * h * d_v + h * d_v * d  # W^Q, W^K, W^V, W^O (no biases)
+    ffn = d * d_ff + d_ff + d_ff * d + d  # W1, b1, W2, b2
+    norm = 2 * d  # gain and bias
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    embedding = vocab * d  # shared by both stacks and the pre-softmax projection
+    positions = 2 * learned_positions * d  # one learned table per stack (row E)
+    return embedding + n * (encoder_layer + decoder_layer) + positions
+
+
+@pytest.mark.parametrize("variant", ["base", "big", *TABLE3])
+def test_count_matches_formula(variant):
+    config = load_config_file(str(CONFIGS / f"wmt14_ende.py:variant={variant}"))
+    model = Experiment.from_mapping(config).model
+    learned = model.max_length if model.positional == "learned" else 0
+    expected = closed_form(model.d_model, model.d_ff, model.num_heads, model.d_k, model.d_v,
+                           model.num_layers, model.vocab_size, learned)
+    assert count_parameters(model)["total"] == expected
+
+
+def test_base_model_is_the_papers_size():
+    config = load_config_file(str(CONFIGS / "wmt14_ende.py"))
+    total = count_parameters(Experiment.from_mapping(config).model)["total"]
+    # 37k shared vocabulary: 18.9M embedding + 44.1M in the stacks.
+    assert total == closed_form(512, 2048, 8, 64, 64, 6, 37_000) == 63_045_632

@@ -1,0 +1,76 @@
+"""A tiny model learns a synthetic reversal task, checkpoints, resumes and continues."""
+
+import json
+import random
+
+import pytest
+
+from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+from attnmt.cli.main import main
+from attnmt.experiment import Experiment
+from attnmt.train.loop import Trainer
+from tests.test_config import CONFIGS
+
+LETTERS = "a b c d e f g h".split()
+
+
+@pytest.fixture
+def reversal_corpus(tmp_path):
+    rng = random.Random(0)
+    for split, count in (("train", 1500), ("dev", 64)):
+        lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
+        (tmp_path / f"{split}.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
+        (tmp_path / f"{split}.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
+    return tmp_path
+
+
+def _overrides(corpus, steps):
+    return [
+        f"--config.data.src_path={corpus}/{{split}}.src",
+        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+        "--config.data.max_length=16",
+        "--config.model.vocab_size=32",
+        f"--config.train.num_steps={steps}",
+        "--config.train.eval_every_steps=1000",
+        "--config.train.checkpoint_every_steps=60",
+        "--config.optim.warmup_steps=40",
+        "--config.optim.learning_rate_scale=0.5",
+    ]
+
+
+def _experiment(overrides):
+    config = load_config_file(str(CONFIGS / "tiny.py"))
+    apply_command_line_overrides(config, overrides)
+    return Experiment.from_mapping(config)
+
+
+@pytest.mark.slow
+def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path):
+    workdir = tmp_path / "run"
+    trainer = Trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
+    initial = trainer.evaluate()
+    result = trainer.run()
+    assert result.step == 120
+    final = trainer.evaluate()
+    assert final["nll"] < 0.4 * initial["nll"], (initial, final)
+
+    steps = CheckpointManager(workdir).all_steps()
+    assert steps == [60, 120]
+    assert (workdir / "vocab.model").exists()
+    assert json.loads((workdir / "config.json").read_text())["model"]["vocab_size"] == 32
+
+    # The same command with more steps resumes from step 120 and continues.
+    code = main(["train", "--config", str(CONFIGS / "tiny.py"), "--workdir", str(workdir),
+                 *_overrides(reversal_corpus, 150)])
+    assert code == 0
+    assert CheckpointManager(workdir).all_steps() == [60, 120, 150]
+    resumed = Trainer(_experiment(_overrides(reversal_corpus, 150)), workdir)
+    assert int(resumed.state.step) == 150
+    assert resumed.evaluate()["nll"] <= final["nll"] * 1.1
+
+
+def test_cli_refuses_a_bad_key_without_traceback(capsys):
+    code = main(["params", "--config", str(CONFIGS / "tiny.py"), "--config.model.d_ff=0"])
+    assert code == 2
+    assert "model.d_ff" in capsys.readouterr().err
