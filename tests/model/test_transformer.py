@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
-from attnmt.model.layers import SharedEmbedding, sinusoidal_table
+from attnmt.model.layers import PositionalEncoding, SharedEmbedding
 from attnmt.model.transformer import Transformer, shift_right
 
 CONFIG = ModelConfig(
@@ -65,14 +65,18 @@ def test_appending_padding_changes_no_real_outputs():
     np.testing.assert_allclose(np.asarray(logits[:, :6]), np.asarray(base), atol=1e-5)
 
 
-def test_sinusoids_match_the_formula():
+@pytest.mark.parametrize("offset", [0, 17])
+def test_sinusoids_match_the_formula(offset):
     d_model, length = 10, 30
-    table = sinusoidal_table(length, d_model)
-    for pos in range(length):
+    config = ModelConfig(**{**CONFIG.__dict__, "d_model": d_model})
+    zeros = jnp.zeros((1, length, d_model))
+    table = np.asarray(PositionalEncoding(config).apply({}, zeros, offset))[0]
+    for row in range(length):
+        pos = row + offset
         for i in range(d_model // 2):
             angle = pos / 10000 ** (2 * i / d_model)
-            assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
-            assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+            assert table[row, 2 * i] == pytest.approx(math.sin(angle), abs=2e-6)
+            assert table[row, 2 * i + 1] == pytest.approx(math.cos(angle), abs=2e-6)
 
 
 def test_embedding_is_scaled_by_sqrt_d_model():

@@ -11,7 +11,6 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attnmt import axes
 from attnmt.model.config import ModelConfig
@@ -61,15 +60,16 @@ class SharedEmbedding(nn.Module):
         return jnp.einsum("ble,ve->blv", x.astype(dtype), self.embedding.astype(dtype))
 
 
-def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
-    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)."""
-    positions = np.arange(length, dtype=np.float64)[:, None]
-    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
-    angles = positions / np.power(10000.0, two_i / d_model)
-    table = np.zeros((length, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(angles)
-    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
-    return table.astype(np.float32)
+def sinusoids(positions: jax.Array, d_model: int) -> jax.Array:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same).
+
+    Computed for the requested positions only, so decoding can run to any length.
+    positions [length] → [length, d_model] float32.
+    """
+    two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+    angles = positions.astype(jnp.float32)[:, None] / jnp.power(10000.0, two_i / d_model)
+    interleaved = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return interleaved.reshape(positions.shape[0], -1)[:, :d_model]
 
 
 class PositionalEncoding(nn.Module):
@@ -88,11 +88,10 @@ class PositionalEncoding(nn.Module):
                 (self.config.max_length, d_model),
                 jnp.float32,
             )
+            encoding = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
         else:
-            # Long enough for any decode step; a constant folded by XLA.
-            table = jnp.asarray(sinusoidal_table(max(self.config.max_length, length), d_model))
-        positions = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
-        return x + positions[None].astype(x.dtype)
+            encoding = sinusoids(offset + jnp.arange(length), d_model)
+        return x + encoding[None].astype(x.dtype)
 
 
 def dot_product_attention_weights(

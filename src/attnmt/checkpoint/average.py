@@ -1,0 +1,181 @@
+"""Checkpoint averaging (§6.1: base models average the last 5 checkpoints, big ones the last 20).
+
+Only the parameters are averaged; everything else (optimizer state, step, RNG, data position,
+config) comes from the newest checkpoint, so the result is an ordinary workdir that every
+command reads, and training could even resume from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from attnmt.checkpoint.manager import ITEMS, CheckpointManager, checkpoint_dir
+from attnmt.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+# Copied next to the averaged checkpoint so the output is a complete workdir.
+WORKDIR_FILES = ("config.json", "vocab.model", "vocab.vocab")
+
+
+@dataclasses.dataclass(frozen=True)
+class AverageResult:
+    output_dir: Path
+    steps: tuple[int, ...]  # the averaged checkpoint steps, oldest first
+    step: int  # the step number written (the newest averaged one)
+
+
+def _name(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+def _state_metadata(reader: ocp.CheckpointManager, where: str, step: int) -> Any:
+    """The saved state's tree of array metadata (shapes, dtypes); no arrays are loaded."""
+    tree = getattr(reader.item_metadata(step).state, "tree", None)  # None: no state item
+    if not isinstance(tree, dict) or "params" not in tree:
+        raise CheckpointError(f"{where}/{step} holds no train state with params")
+    return tree
+
+
+def _check_shapes(where: str, steps: tuple[int, ...], metadata: dict[int, Any]) -> None:
+    """Every step's parameter tree must match the newest's, path for path and shape for shape."""
+
+    def shapes(step: int) -> dict[str, tuple[int, ...]]:
+        leaves = jax.tree_util.tree_flatten_with_path(metadata[step]["params"])[0]
+        return {_name(path): tuple(leaf.shape) for path, leaf in leaves}
+
+    newest = shapes(steps[-1])
+    for step in steps[:-1]:
+        other = shapes(step)
+        for name in [*newest, *(name for name in other if name not in newest)]:
+            old, new = other.get(name, "missing"), newest.get(name, "missing")
+            if old != new:
+                raise CheckpointError(
+                    f"cannot average {where}/{step} with {where}/{steps[-1]}: parameter {name} "
+                    f"has shape {old} in step {step} but {new} in step {steps[-1]}"
+                )
+
+
+def _as_numpy(metadata: Any) -> Any:
+    return jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+
+
+def _sum_params(
+    reader: ocp.CheckpointManager, steps: tuple[int, ...], metadata: dict[int, Any]
+) -> dict[str, np.ndarray]:
+    """Parameter path -> float64 sum over `steps`, read one checkpoint at a time, so memory
+    holds one copy of the parameters plus the sums however many checkpoints are averaged."""
+    sums: dict[str, np.ndarray] = {}
+    for step in steps:
+        params = metadata[step]["params"]
+        restored = reader.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item={"params": params},
+                    restore_args={"params": _as_numpy(params)},
+                    partial_restore=True,  # skips the optimizer state (2x the params for Adam)
+                )
+            ),
+        )
+        for path, leaf in jax.tree_util.tree_flatten_with_path(restored.state["params"])[0]:
+            name = _name(path)
+            sums[name] = sums.get(name, 0.0) + np.asarray(leaf, np.float64)
+    return sums
+
+
+def _restore_newest(
+    reader: ocp.CheckpointManager, workdir: Path, step: int, metadata: Any, abstract: Any
+) -> tuple[Any, dict, dict]:
+    if abstract is not None:
+        source = CheckpointManager(workdir)
+        try:
+            return source.restore(step, abstract)
+        finally:
+            source.close()
+    # Without a target Orbax rebuilds TrainState and namedtuples as dicts, tuples as lists;
+    # that tree saves and restores into a TrainState target all the same. NumPy leaves keep
+    # the saved device layout out of it, so any host can average.
+    restored = reader.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(restore_args=_as_numpy(metadata)),
+            data=ocp.args.JsonRestore(),
+            config=ocp.args.JsonRestore(),
+        ),
+    )
+    return restored.state, restored.data, restored.config
+
+
+def average_checkpoints(
+    workdir: str | Path,
+    last: int,
+    output_dir: str | Path | None = None,
+    abstract_state: Any | None = None,
+    overwrite: bool = False,
+) -> AverageResult:
+    """Writes a workdir whose one checkpoint holds the mean parameters of the newest `last`."""
+    workdir = Path(workdir)
+    where = checkpoint_dir(workdir)
+    if last < 1:
+        raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {last}")
+    if not Path(where).is_dir():  # checked first: opening a manager would create the folder
+        raise CheckpointError(f"no checkpoints folder at {where}")
+    output = Path(output_dir) if output_dir is not None else workdir / f"average-last{last}"
+    if output.absolute() == workdir.absolute():  # overwrite would delete the sources
+        raise CheckpointError(f"the output dir {output} must differ from the workdir {workdir}")
+    output_checkpoints = Path(checkpoint_dir(output))
+    if not overwrite and output_checkpoints.is_dir() and any(output_checkpoints.iterdir()):
+        raise CheckpointError(f"{output_checkpoints} already holds checkpoints")
+
+    # A PyTree handler (the trainer saves with the Standard one, which writes the same format)
+    # because only it allows partial restores.
+    handlers = {"state": ocp.PyTreeCheckpointHandler()}
+    handlers.update({item: ocp.JsonCheckpointHandler() for item in ITEMS if item != "state"})
+    reader = ocp.CheckpointManager(
+        where, item_handlers=handlers, options=ocp.CheckpointManagerOptions(read_only=True)
+    )
+    try:
+        steps = tuple(sorted(reader.all_steps())[-last:])
+        if not steps:
+            raise CheckpointError(f"no checkpoint in {where}")
+        if len(steps) < last:
+            log.warning("only %d checkpoint(s) in %s; averaging all of them", len(steps), where)
+        metadata = {step: _state_metadata(reader, where, step) for step in steps}
+        _check_shapes(where, steps, metadata)
+        sums = _sum_params(reader, steps, metadata)
+        state, data_state, config = _restore_newest(
+            reader, workdir, steps[-1], metadata[steps[-1]], abstract_state
+        )
+    finally:
+        reader.close()
+
+    def mean_like(path: tuple[Any, ...], leaf: Any) -> Any:
+        value = np.asarray(sums[_name(path)] / len(steps), dtype=leaf.dtype)
+        return jax.device_put(value, leaf.sharding) if isinstance(leaf, jax.Array) else value
+
+    if isinstance(state, dict):
+        state = {**state, "params": jax.tree_util.tree_map_with_path(mean_like, state["params"])}
+    else:
+        state = state.replace(params=jax.tree_util.tree_map_with_path(mean_like, state.params))
+
+    if output_checkpoints.exists():
+        shutil.rmtree(output_checkpoints)  # (overwrite) a stale newer step would shadow ours
+    writer = CheckpointManager(output)
+    try:
+        writer.save(steps[-1], state, data_state, config)
+    finally:
+        writer.close()  # waits for the asynchronous save
+    for name in WORKDIR_FILES:
+        if (workdir / name).is_file():
+            shutil.copyfile(workdir / name, output / name)
+    log.info("averaged steps %s of %s into %s", list(steps), where, output_checkpoints)
+    return AverageResult(output_dir=output, steps=steps, step=steps[-1])

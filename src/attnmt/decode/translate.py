@@ -1,0 +1,201 @@
+"""Translating raw text with a trained model: batching by length, cached beam search,
+detokenization, one output line per input line."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnmt.data.batching import bucket_lengths
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decode import beam_search as search
+from attnmt.decode.config import DecodeConfig
+from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One model of an ensemble: its architecture and parameters (same vocabulary)."""
+
+    config: ModelConfig
+    params: Any
+
+
+def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_len: int):
+    """Builds the cache for a batch and the `tokens_to_logits` closure over it."""
+    encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
+    start = jnp.full((src_tokens.shape[0], 1), BOS_ID, jnp.int32)
+    _, variables = model.apply(
+        {"params": params},
+        encoded,
+        src_tokens,
+        start,
+        decode=True,
+        max_decode_len=max_decode_len,
+        method=Transformer.decode,
+        mutable=["cache"],
+    )
+
+    def tokens_to_logits(
+        tokens: jax.Array, cache: Any, encoded_rows: jax.Array, src_rows: jax.Array
+    ) -> tuple[jax.Array, Any]:
+        logits, updated = model.apply(
+            {"params": params, "cache": cache},
+            encoded_rows,
+            src_rows,
+            tokens,
+            decode=True,
+            method=Transformer.decode,
+            mutable=["cache"],
+        )
+        return logits[:, 0], updated["cache"]
+
+    return encoded, variables["cache"], tokens_to_logits
+
+
+def decode_batch(
+    members: Sequence[Member],
+    params_list: Sequence[Any],
+    src_tokens: jax.Array,
+    *,
+    beam_size: int,
+    alpha: float,
+    max_len_offset: int,
+    max_positions: int | None,
+) -> jax.Array:
+    """Best output token ids [batch, max_decode_len] for a padded source batch."""
+    batch, src_len = src_tokens.shape
+    max_decode_len = src_len + max_len_offset
+    if max_positions is not None:
+        max_decode_len = min(max_decode_len, max_positions)
+    rows = beam_size if beam_size > 1 else 1
+    fns, caches = [], []
+    src_rows = search.expand_to_beams(src_tokens, rows)
+    for member, params in zip(members, params_list, strict=True):
+        model = Transformer(member.config)
+        encoded, cache, step = _step_fn(model, params, src_tokens, max_decode_len)
+        encoded_rows = search.expand_to_beams(encoded, rows)
+        fns.append(functools.partial(step, encoded_rows=encoded_rows, src_rows=src_rows))
+        caches.append(search.expand_to_beams(cache, rows))
+    if len(fns) == 1:
+        tokens_to_logits, cache = fns[0], caches[0]
+    else:
+        tokens_to_logits, cache = search.ensemble(fns), tuple(caches)
+    real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
+    # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
+    max_lengths = jnp.where(real_lengths > 0, real_lengths + max_len_offset, 1)
+    if beam_size == 1:
+        sequences, _ = search.greedy_search(
+            tokens_to_logits,
+            cache,
+            batch_size=batch,
+            max_decode_len=max_decode_len,
+            max_lengths=max_lengths,
+        )
+        return sequences
+    sequences, _ = search.beam_search(
+        tokens_to_logits,
+        cache,
+        batch_size=batch,
+        beam_size=beam_size,
+        max_decode_len=max_decode_len,
+        alpha=alpha,
+        max_lengths=max_lengths,
+    )
+    return sequences[:, 0]
+
+
+class Translator:
+    """Translates lists of sentences; compiled once per (batch, bucket length) shape."""
+
+    def __init__(
+        self,
+        members: Sequence[Member],
+        params_list: Sequence[Any],
+        tokenizer: Tokenizer,
+        decode: DecodeConfig,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        if not members:
+            raise ValueError("at least one model is needed")
+        self.tokenizer = tokenizer
+        self.decode_config = decode
+        self.params_list = list(params_list)
+        learned = [m.config.max_length for m in members if m.config.positional == "learned"]
+        self.max_source_length = min(m.config.max_length for m in members)
+        self.buckets = bucket_lengths(self.max_source_length, min_length=8)
+        self._warn = warn or (lambda message: print(message, file=sys.stderr))
+        self._decode = jax.jit(
+            functools.partial(
+                decode_batch,
+                list(members),
+                beam_size=decode.beam_size,
+                alpha=decode.alpha,
+                max_len_offset=decode.max_len_offset,
+                max_positions=min(learned) if learned else None,
+            )
+        )
+
+    def _source_ids(self, lines: Sequence[str], first_line: int) -> list[list[int]]:
+        encoded = []
+        for offset, line in enumerate(lines):
+            ids = self.tokenizer.encode(line) if line.strip() else []
+            if len(ids) + 1 > self.max_source_length:
+                self._warn(
+                    f"warning: line {first_line + offset}: {len(ids) + 1} tokens exceed the "
+                    f"model's maximum of {self.max_source_length}; translating the first "
+                    f"{self.max_source_length - 1} only"
+                )
+                ids = ids[: self.max_source_length - 1]
+            encoded.append(ids + [EOS_ID] if ids else [])
+        return encoded
+
+    def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
+        """One output per input, in order; empty (or whitespace) input gives empty output."""
+        sources = self._source_ids(lines, first_line)
+        outputs = [""] * len(lines)
+        order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
+        batch = self.decode_config.batch_sentences
+        for start in range(0, len(order), batch):
+            chunk = order[start : start + batch]
+            longest = len(sources[chunk[-1]])
+            length = next(b for b in self.buckets if b >= longest)
+            src = np.zeros((batch, length), np.int32)
+            for row, index in enumerate(chunk):
+                src[row, : len(sources[index])] = sources[index]
+            ids = np.asarray(self._decode(self.params_list, src))
+            for row, index in enumerate(chunk):
+                outputs[index] = self.tokenizer.decode(ids[row].tolist())
+        return outputs
+
+    def translate_stream(self, lines: TextIO, out: TextIO, chunk_lines: int = 1024) -> int:
+        """Reads lines, writes one translation per line (flushed per chunk); returns count."""
+        count = 0
+        for chunk in _chunks(lines, chunk_lines):
+            for translation in self.translate(chunk, first_line=count + 1):
+                out.write(translation.replace("\n", " ") + "\n")
+            out.flush()
+            count += len(chunk)
+        return count
+
+
+def _chunks(lines: TextIO, size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n").rstrip("\r"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
