@@ -25,8 +25,16 @@ def test_count_matches_formula(variant):
     config = load_config_file(str(CONFIGS / f"wmt14_ende.py:variant={variant}"))
     model = Experiment.from_mapping(config).model
     learned = model.max_length if model.positional == "learned" else 0
-    expected = closed_form(model.d_model, model.d_ff, model.num_heads, model.d_k, model.d_v,
-                           model.num_layers, model.vocab_size, learned)
+    expected = closed_form(
+        model.d_model,
+        model.d_ff,
+        model.num_heads,
+        model.d_k,
+        model.d_v,
+        model.num_layers,
+        model.vocab_size,
+        learned,
+    )
     assert count_parameters(model)["total"] == expected
 
 

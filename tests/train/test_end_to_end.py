@@ -61,8 +61,16 @@ def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path):
     assert json.loads((workdir / "config.json").read_text())["model"]["vocab_size"] == 32
 
     # The same command with more steps resumes from step 120 and continues.
-    code = main(["train", "--config", str(CONFIGS / "tiny.py"), "--workdir", str(workdir),
-                 *_overrides(reversal_corpus, 150)])
+    code = main(
+        [
+            "train",
+            "--config",
+            str(CONFIGS / "tiny.py"),
+            "--workdir",
+            str(workdir),
+            *_overrides(reversal_corpus, 150),
+        ]
+    )
     assert code == 0
     assert CheckpointManager(workdir).all_steps() == [60, 120, 150]
     resumed = Trainer(_experiment(_overrides(reversal_corpus, 150)), workdir)

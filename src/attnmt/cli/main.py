@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
 from collections.abc import Sequence
@@ -74,6 +76,104 @@ def _cmd_vocab(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
+def _decode_config(run, args: argparse.Namespace):
+    import dataclasses
+
+    from attnmt.decode.config import DecodeConfig
+
+    changes = {
+        key: value
+        for key, value in (
+            ("beam_size", args.beam),
+            ("alpha", args.alpha),
+            ("max_len_offset", args.max_len_offset),
+            ("batch_sentences", args.batch_sentences),
+        )
+        if value is not None
+    }
+    return DecodeConfig(**{**dataclasses.asdict(run.experiment.decode), **changes})
+
+
+def _load_runs(args: argparse.Namespace) -> list:
+    from attnmt.workdir import load_run
+
+    workdir = args.workdir
+    if getattr(args, "average_last", 0):
+        from attnmt.checkpoint.average import average_checkpoints
+
+        result = average_checkpoints(args.workdir, args.average_last, overwrite=True)
+        print(f"averaged steps {list(result.steps)} into {result.output_dir}", file=sys.stderr)
+        workdir = result.output_dir
+    runs = [load_run(workdir, args.step)]
+    runs += [load_run(other) for other in args.ensemble]
+    return runs
+
+
+def _cmd_translate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt.decode.translate import Translator
+
+    runs = _load_runs(args)
+    translator = Translator(
+        [run.experiment.model for run in runs],
+        [run.params for run in runs],
+        runs[0].tokenizer,
+        _decode_config(runs[0], args),
+    )
+    with contextlib.ExitStack() as files:
+        # Undecodable bytes become U+FFFD instead of stopping the stream mid-file.
+        source = files.enter_context(
+            open(args.input, encoding="utf-8", errors="replace")  # noqa: SIM115 (ExitStack)
+            if args.input
+            else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        )
+        target = files.enter_context(
+            open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (ExitStack)
+            if args.output
+            else io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", write_through=True)
+        )
+        translator.translate_stream(source, target)
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from pathlib import Path
+
+    from attnmt.decode.evaluation import evaluate_split
+    from attnmt.train.metrics import MetricsSink
+
+    runs = _load_runs(args)
+    split = args.split or runs[0].experiment.data.test_split
+    if split == "test":
+        split = runs[0].experiment.data.test_split
+    scores = evaluate_split(
+        runs, split, _decode_config(runs[0], args), Path(args.workdir) / "decodes"
+    )
+    print(scores.format())
+    sink = MetricsSink(args.workdir)
+    sink.write(f"bleu_{split}", runs[0].step, scores.scalars())
+    sink.close()
+    return 0
+
+
+def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt.checkpoint.average import average_checkpoints
+
+    result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
+    print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
+    return 0
+
+
+def _add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", required=True, help="a training (or averaged) workdir")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
+    parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
+    parser.add_argument("--ensemble", nargs="*", default=[], help="more workdirs to ensemble")
+    parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
+    parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
+    parser.add_argument("--max-len-offset", type=int, default=None)
+    parser.add_argument("--batch-sentences", type=int, default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnmt",
@@ -99,6 +199,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_arguments(vocab)
     vocab.add_argument("--workdir", required=True)
     vocab.set_defaults(handler=_cmd_vocab)
+
+    average = commands.add_parser("average", help="average the last K checkpoints (§6.1)")
+    average.add_argument("--workdir", required=True)
+    average.add_argument("--last", type=int, default=5, help="paper: 5 (base), 20 (big)")
+    average.add_argument("--output", default=None, help="default <workdir>/average-last<K>")
+    average.add_argument("--overwrite", action="store_true")
+    average.set_defaults(handler=_cmd_average)
+
+    translate = commands.add_parser("translate", help="translate lines from stdin or --input")
+    _add_decode_arguments(translate)
+    translate.add_argument("--input", default=None, help="default: stdin")
+    translate.add_argument("--output", default=None, help="default: stdout")
+    translate.set_defaults(handler=_cmd_translate)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
+    _add_decode_arguments(evaluate)
+    evaluate.add_argument("--split", default=None, help="default: the config's test split")
+    evaluate.set_defaults(handler=_cmd_evaluate)
     return parser
 
 

@@ -3,7 +3,6 @@ detokenization, one output line per input line."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import sys
@@ -22,14 +21,6 @@ from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from attnmt.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    """One model of an ensemble: its architecture and parameters (same vocabulary)."""
-
-    config: ModelConfig
-    params: Any
 
 
 def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_len: int):
@@ -65,7 +56,7 @@ def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_
 
 
 def decode_batch(
-    members: Sequence[Member],
+    configs: Sequence[ModelConfig],
     params_list: Sequence[Any],
     src_tokens: jax.Array,
     *,
@@ -82,8 +73,8 @@ def decode_batch(
     rows = beam_size if beam_size > 1 else 1
     fns, caches = [], []
     src_rows = search.expand_to_beams(src_tokens, rows)
-    for member, params in zip(members, params_list, strict=True):
-        model = Transformer(member.config)
+    for config, params in zip(configs, params_list, strict=True):
+        model = Transformer(config)
         encoded, cache, step = _step_fn(model, params, src_tokens, max_decode_len)
         encoded_rows = search.expand_to_beams(encoded, rows)
         fns.append(functools.partial(step, encoded_rows=encoded_rows, src_rows=src_rows))
@@ -121,25 +112,25 @@ class Translator:
 
     def __init__(
         self,
-        members: Sequence[Member],
+        configs: Sequence[ModelConfig],
         params_list: Sequence[Any],
         tokenizer: Tokenizer,
         decode: DecodeConfig,
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        if not members:
+        if not configs:
             raise ValueError("at least one model is needed")
         self.tokenizer = tokenizer
         self.decode_config = decode
         self.params_list = list(params_list)
-        learned = [m.config.max_length for m in members if m.config.positional == "learned"]
-        self.max_source_length = min(m.config.max_length for m in members)
+        learned = [c.max_length for c in configs if c.positional == "learned"]
+        self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
         self._warn = warn or (lambda message: print(message, file=sys.stderr))
         self._decode = jax.jit(
             functools.partial(
                 decode_batch,
-                list(members),
+                list(configs),
                 beam_size=decode.beam_size,
                 alpha=decode.alpha,
                 max_len_offset=decode.max_len_offset,
@@ -158,7 +149,7 @@ class Translator:
                     f"{self.max_source_length - 1} only"
                 )
                 ids = ids[: self.max_source_length - 1]
-            encoded.append(ids + [EOS_ID] if ids else [])
+            encoded.append([*ids, EOS_ID] if ids else [])
         return encoded
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
