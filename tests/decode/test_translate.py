@@ -13,7 +13,7 @@ from attnmt.decode.translate import Translator
 from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
 
-WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()
+WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from attnmt.experiment import Experiment
 from attnmt.train.loop import Trainer
 from tests.test_config import CONFIGS
 
-LETTERS = "a b c d e f g h".split()
+LETTERS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
 @pytest.fixture
