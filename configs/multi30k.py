@@ -45,6 +45,7 @@ def get_config(arg: str | None = None):
     config.train.num_steps = 12_000
     config.train.log_every_steps = 50
     config.train.eval_every_steps = 200
+    config.train.bleu_every_steps = 2000
     config.train.checkpoint_every_steps = 500
     config.train.checkpoint_every_minutes = 10.0
     config.train.keep_checkpoints = 10

@@ -16,6 +16,8 @@ class TrainConfig:
     grad_accum_steps: int = 1  # micro-batches per update, to reach ≈25k tokens on few devices
     log_every_steps: int = 100
     eval_every_steps: int = 1000  # validation loss; 0 = never
+    bleu_every_steps: int = 0  # beam-search BLEU on the eval split (decode.*); 0 = never
+    bleu_max_sentences: int = 0  # translate only the first N eval sentences; 0 = all
     checkpoint_every_steps: int = 0  # 0 = only by time
     checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
     keep_checkpoints: int = 20  # enough to average the last 20 (big)

@@ -17,7 +17,9 @@ import numpy as np
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus, padding_fraction
-from attnmt.data.prepare import ensure_vocab, tokenized_split, vocab_path
+from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
+from attnmt.decode.evaluation import score
+from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
 from attnmt.experiment import Experiment
 from attnmt.model.transformer import Transformer
@@ -104,6 +106,12 @@ class Trainer:
             log.info("evaluation pairs: %s", eval_stats)
             self.eval_shapes = _shapes(cfg, cfg.data.eval_tokens_per_batch or per_micro_batch)
 
+        self.bleu_pairs: list[tuple[str, str]] = []
+        if cfg.train.bleu_every_steps and cfg.data.eval_split:
+            pairs = load_split(cfg.data, cfg.data.eval_split)
+            self.bleu_pairs = pairs[: cfg.train.bleu_max_sentences or None]
+            self.translator = Translator([cfg.model], [None], tokenizer, cfg.decode)
+
         self.model = Transformer(cfg.model)
         self.learning_rate = paper_schedule(
             cfg.model.d_model, cfg.optim.warmup_steps, cfg.optim.learning_rate_scale
@@ -181,6 +189,17 @@ class Trainer:
         summary = steps.summarize(totals)
         return {k: float(v) for k, v in jax.device_get(summary).items()}
 
+    def bleu(self) -> dict[str, float]:
+        """Beam-search BLEU of the current parameters on (part of) the evaluation split."""
+        self.translator.params_list = [self.state.params]
+        hypotheses = self.translator.translate([src for src, _ in self.bleu_pairs])
+        references = [tgt for _, tgt in self.bleu_pairs]
+        sacre, tokenized, m30k = score(self.experiment, hypotheses, references)
+        scores = {"sacrebleu": sacre.score, "tokenized_bleu": tokenized.score}
+        if m30k is not None:
+            scores["multi30k_bleu"] = m30k.score
+        return scores
+
     def _save(self) -> None:
         step = int(self.state.step)
         if step in self.checkpoints.all_steps():
@@ -226,6 +245,8 @@ class Trainer:
                 ):
                     last_eval = self.evaluate()
                     self.metrics.write("eval", step, last_eval)
+                if self.bleu_pairs and (step % cfg.bleu_every_steps == 0 or step == cfg.num_steps):
+                    self.metrics.write("bleu", step, self.bleu())
                 now = time.monotonic()
                 due_by_steps = cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0
                 due_by_time = (
