@@ -1,8 +1,9 @@
 """Orbax checkpoints of {train state, data-iterator position, config} in one step folder.
 
-Orbax writes each step into a temporary folder and renames it when complete, so a save
-interrupted mid-write is never listed as a step; saving is asynchronous, so training
-goes on while the arrays are written.
+Orbax writes each step into `<step>.orbax-checkpoint-tmp` and renames it when complete, so
+a save interrupted mid-write is never listed as a step; saving is asynchronous, so training
+goes on while the arrays are written. A step whose files are later damaged is detected on
+restore: the newest readable step is used instead, and the damaged one is moved aside.
 """
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from attnmt.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
 ITEMS = ("state", "data", "config")
+UNREADABLE_SUFFIX = "-unreadable"  # <workdir>/checkpoints-unreadable/<step>: set aside
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint's files are missing or damaged (as opposed to holding another model)."""
 
 
 def checkpoint_dir(workdir: str | Path) -> str:
@@ -28,17 +36,63 @@ def checkpoint_dir(workdir: str | Path) -> str:
     return str(Path(text).absolute() / "checkpoints")
 
 
-class CheckpointManager:
-    """Keep-last-K checkpoints in `<workdir>/checkpoints/<step>/{state,data,config}`."""
+def _handlers() -> dict[str, ocp.CheckpointHandler]:
+    # Registered up front (not only on first save/restore) so a step's metadata can be read
+    # before any restore: that is how a damaged step is told apart from another model's.
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "data": ocp.JsonCheckpointHandler(),
+        "config": ocp.JsonCheckpointHandler(),
+    }
 
-    def __init__(self, workdir: str | Path, keep: int = 20, asynchronous: bool = True) -> None:
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    """Orbax/TensorStore errors can span pages (whole specs); the first line says what."""
+    text = str(error).strip().split("\n", 1)[0] or type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _arrays(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Path -> (shape, dtype) of every array; dataclasses, namedtuples and dicts alike."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): (
+            tuple(leaf.shape),
+            np.dtype(leaf.dtype),
+        )
+        for path, leaf in leaves
+    }
+
+
+def _describe(array: tuple[tuple[int, ...], np.dtype] | None) -> str:
+    return "nothing" if array is None else f"{array[1].name}{list(array[0])}"
+
+
+class CheckpointManager:
+    """Keep-last-K checkpoints in `<workdir>/checkpoints/<step>/{state,data,config}`.
+
+    `clean_up_unfinished` deletes the temporary folders of saves that a killed process left
+    behind; only the process that writes checkpoints (the trainer) should ask for it, since
+    a reader would delete a save in progress.
+    """
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        keep: int = 20,
+        asynchronous: bool = True,
+        clean_up_unfinished: bool = False,
+    ) -> None:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=asynchronous,
             create=True,
+            cleanup_tmp_directories=clean_up_unfinished,
         )
         self.directory = checkpoint_dir(workdir)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=_handlers()
+        )
 
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -47,7 +101,10 @@ class CheckpointManager:
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, data_state: dict, config: dict) -> None:
-        """Starts an asynchronous save; returns once the arrays are copied off the devices."""
+        """Starts an asynchronous save; returns once the arrays are copied off the devices.
+
+        The host copy is what makes it safe for the next step to donate `state`'s buffers.
+        """
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -58,8 +115,38 @@ class CheckpointManager:
             force=True,
         )
 
+    def _check_matches(self, step: int, abstract_state: Any) -> None:
+        """Compares the saved arrays' paths, shapes and dtypes with the model's, from metadata
+        alone: a mismatch is the user's config (CheckpointError), not damaged files."""
+        where = f"{self.directory}/{step}"
+        try:
+            tree = getattr(self._manager.item_metadata(step).state, "tree", None)
+        except Exception as error:  # any failure to read metadata means damaged files
+            raise UnreadableCheckpointError(
+                f"checkpoint {where} is unreadable: {_first_line(error)}"
+            ) from error
+        if not isinstance(tree, dict):
+            raise UnreadableCheckpointError(f"checkpoint {where} is unreadable: no train state")
+        saved, wanted = _arrays(tree), _arrays(abstract_state)
+        differences = [
+            f"{name}: saved {_describe(saved.get(name))}, model has {_describe(wanted.get(name))}"
+            for name in sorted(saved.keys() | wanted.keys())
+            if saved.get(name) != wanted.get(name)
+        ]
+        if differences:
+            shown = "; ".join(differences[:3])
+            more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+            raise CheckpointError(
+                f"checkpoint {where} does not match this model (different config?): {shown}{more}"
+            )
+
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
-        """Restores step `step` into the structure/shardings of `abstract_state`."""
+        """Restores step `step` into the structure/shardings of `abstract_state`.
+
+        Raises CheckpointError if the step holds another model's arrays, and its subclass
+        UnreadableCheckpointError if its files are missing or damaged.
+        """
+        self._check_matches(step, abstract_state)
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_state)
         try:
             restored = self._manager.restore(
@@ -70,42 +157,77 @@ class CheckpointManager:
                     config=ocp.args.JsonRestore(),
                 ),
             )
-        except (ValueError, KeyError, TypeError) as error:
-            raise CheckpointError(
-                f"checkpoint {self.directory}/{step} does not match this model "
-                f"(different config?): {error}"
+        except Exception as error:  # the structure matched, so the files are at fault
+            raise UnreadableCheckpointError(
+                f"checkpoint {self.directory}/{step} is unreadable: {_first_line(error)}"
             ) from error
+        if not isinstance(restored.data, dict) or not isinstance(restored.config, dict):
+            raise UnreadableCheckpointError(
+                f"checkpoint {self.directory}/{step} is unreadable: data or config missing"
+            )
         return restored.state, restored.data, restored.config
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
-        """The newest readable checkpoint; an unreadable newest one falls back to the one
-        before it, with a warning naming both."""
+        """The newest readable checkpoint (state, data position and config of one step).
+
+        Unreadable newer steps are skipped with a warning naming them and the step used,
+        and moved to `<workdir>/checkpoints-unreadable/` so the resumed run can write those
+        step numbers again. None if there is no checkpoint; CheckpointError if there are
+        some but none is readable, or they hold another model.
+        """
         steps = self.all_steps()
-        for position in range(len(steps) - 1, -1, -1):
-            step = steps[position]
+        unreadable: list[tuple[int, str]] = []
+        for step in reversed(steps):
             try:
-                return (step, *self.restore(step, abstract_state))
-            except CheckpointError:
-                raise
-            except Exception as error:  # corrupted files: try the previous step
-                previous = steps[position - 1] if position > 0 else None
+                state, data, config = self.restore(step, abstract_state)
+            except UnreadableCheckpointError as error:
+                log.warning("%s", error)
+                unreadable.append((step, str(error)))
+                continue
+            if unreadable:
+                moved_to = self._set_aside([s for s, _ in unreadable])
                 log.warning(
-                    "checkpoint %s/%s is unreadable (%s); falling back to step %s",
+                    "checkpoint step %s in %s is unreadable; restored step %d instead (with "
+                    "its data position); moved the unreadable one(s) to %s",
+                    ", ".join(str(s) for s, _ in unreadable),
                     self.directory,
                     step,
-                    error,
-                    previous,
+                    moved_to,
                 )
+            return step, state, data, config
+        if unreadable:
+            raise CheckpointError(
+                f"none of the {len(steps)} checkpoints in {self.directory} is readable "
+                f"(newest: {unreadable[0][1]}); move the folder away to start over"
+            )
         return None
+
+    def _set_aside(self, steps: list[int]) -> str:
+        """Moves damaged step folders out of Orbax's sight (never deletes them)."""
+        target = epath.Path(self.directory + UNREADABLE_SUFFIX)
+        if jax.process_index() == 0:
+            target.mkdir(parents=True, exist_ok=True)
+            for step in steps:
+                destination, copy = target / str(step), 1
+                while destination.exists():
+                    destination, copy = target / f"{step}.{copy}", copy + 1
+                (epath.Path(self.directory) / str(step)).rename(destination)
+        self._manager.reload()
+        return str(target)
 
     def restore_config(self, step: int | None = None) -> dict:
         """The config saved with a checkpoint (newest by default), without its arrays."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(config=ocp.args.JsonRestore())
-        )
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(config=ocp.args.JsonRestore())
+            )
+        except Exception as error:
+            raise UnreadableCheckpointError(
+                f"checkpoint {self.directory}/{step} has no readable config: {_first_line(error)}"
+            ) from error
         return restored.config
 
     def wait(self) -> None:

@@ -35,7 +35,7 @@ def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
     result = train(experiment, args.workdir)
     print(f"stopped at step {result.step}: {result.stopped_because}")
-    return 0
+    return result.exit_code  # 143 after SIGTERM: a scheduler should restart (and resume) it
 
 
 def _cmd_params(args: argparse.Namespace, overrides: Sequence[str]) -> int:

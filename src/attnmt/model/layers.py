@@ -110,6 +110,30 @@ def dot_product_attention_weights(
     return jax.nn.softmax(logits, axis=-1)
 
 
+class HeadProjection(nn.Module):
+    """A bias-free projection with a multi-dimensional kernel, applied by einsum.
+
+    The kernel is declared in its true shape (not flattened to 2-D first, as DenseGeneral
+    does), so its logical axis names hold at every step and sharding constraints apply.
+    Glorot-uniform over fan-in = product of `fan_in_axes`, fan-out = the rest.
+    """
+
+    kernel_shape: tuple[int, ...]
+    names: tuple[str, ...]
+    equation: str
+    fan_in_axes: tuple[int, ...]
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        fan_out_axes = tuple(i for i in range(len(self.kernel_shape)) if i not in self.fan_in_axes)
+        init = nn.initializers.xavier_uniform(in_axis=self.fan_in_axes, out_axis=fan_out_axes)
+        kernel = self.param(
+            "kernel", _partitioned(init, self.names), self.kernel_shape, jnp.float32
+        )
+        return jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+
+
 class MultiHeadAttention(nn.Module):
     """§3.2.2 MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, with an optional decode cache.
 
@@ -124,17 +148,16 @@ class MultiHeadAttention(nn.Module):
     static_kv: bool = False  # keys/values come from the encoder output
 
     def _project(self, x: jax.Array, size: int, name: str) -> jax.Array:
-        dense = nn.DenseGeneral(
-            features=(self.config.num_heads, size),
-            use_bias=False,
-            kernel_init=_partitioned(
-                nn.initializers.xavier_uniform(), (axes.EMBED, axes.HEADS, axes.KV)
-            ),
-            dtype=compute_dtype(self.config),
-            param_dtype=jnp.float32,
+        """x W_i for every head at once: [batch, len, embed] → [batch, len, heads, size]."""
+        cfg = self.config
+        return HeadProjection(
+            kernel_shape=(cfg.d_model, cfg.num_heads, size),
+            names=(axes.EMBED, axes.HEADS, axes.KV),
+            equation="ble,ehd->blhd",
+            fan_in_axes=(0,),
+            dtype=compute_dtype(cfg),
             name=name,
-        )
-        return dense(x)
+        )(x)
 
     def _keys_values(self, inputs_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
         key = self._project(inputs_kv, self.config.d_k, "key")  # [batch, kv_len, heads, d_k]
@@ -170,15 +193,12 @@ class MultiHeadAttention(nn.Module):
             weights = nn.Dropout(rate=cfg.attention_dropout_rate)(weights, deterministic=False)
         heads = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
         heads = constrain(heads, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
-        output = nn.DenseGeneral(
-            features=cfg.d_model,
-            axis=(-2, -1),
-            use_bias=False,
-            kernel_init=_partitioned(
-                nn.initializers.xavier_uniform(), (axes.HEADS, axes.KV, axes.EMBED)
-            ),
+        output = HeadProjection(  # Concat(head_1..head_h) W^O
+            kernel_shape=(cfg.num_heads, cfg.d_v, cfg.d_model),
+            names=(axes.HEADS, axes.KV, axes.EMBED),
+            equation="blhd,hde->ble",
+            fan_in_axes=(0, 1),
             dtype=compute_dtype(cfg),
-            param_dtype=jnp.float32,
             name="out",
         )(heads)
         return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))

@@ -22,6 +22,7 @@ class TrainConfig:
     checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
     keep_checkpoints: int = 20  # enough to average the last 20 (big)
     max_consecutive_skips: int = 20  # non-finite updates in a row before the run stops
+    memory_preflight: bool = True  # refuse, before training, a step that cannot fit in memory
 
     def __post_init__(self) -> None:
         positive = (

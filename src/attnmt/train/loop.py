@@ -13,21 +13,28 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.data.batching import bucket_shapes
-from attnmt.data.pipeline import BatchIterator, TokenizedCorpus, padding_fraction
+from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
 from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
 from attnmt.decode.evaluation import score
 from attnmt.decode.translate import Translator
-from attnmt.errors import ConfigError
+from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
 from attnmt.model.transformer import Transformer
 from attnmt.train import step as steps
 from attnmt.train.metrics import MetricsSink, progress_bar
 from attnmt.train.optim import make_optimizer, paper_schedule
+from attnmt.train.preflight import memory_preflight
 
 log = logging.getLogger("attnmt.train")
+
+# 128 + SIGTERM, what a shell reports for a process SIGTERM killed: job schedulers read it
+# as "did not finish" and restart the job, which then resumes from the checkpoint.
+EXIT_PREEMPTED = 143
+SIGTERM_REASON = "SIGTERM received"
 
 
 @dataclasses.dataclass
@@ -36,16 +43,24 @@ class TrainResult:
     last_train: dict[str, float]
     last_eval: dict[str, float]
     stopped_because: str
+    exit_code: int = 0  # EXIT_PREEMPTED after a SIGTERM: the run is to be resumed
 
 
 class _StopSignal:
-    """Turns SIGTERM (a preemption notice) into a request to checkpoint and stop."""
+    """Turns SIGTERM (a preemption notice) into a request to checkpoint and stop.
+
+    With several processes, JAX's preemption service (enabled by jax.distributed) owns
+    SIGTERM and makes all processes agree on the step to stop at; a Python handler would
+    replace its own, so none is installed there and `should_stop` asks the service.
+    """
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: Any = None
 
     def __enter__(self) -> _StopSignal:
+        if jax.process_count() > 1:
+            return self
         try:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         except ValueError:  # not the main thread: no handler, no preemption support
@@ -55,6 +70,14 @@ class _StopSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         del signum, frame
         self.requested = True
+
+    def should_stop(self, step: int) -> bool:
+        if self.requested or jax.process_count() == 1:
+            return self.requested
+        try:
+            return multihost_utils.reached_preemption_sync_point(step)
+        except RuntimeError:  # the preemption service is off: preemption is not seen
+            return False
 
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
@@ -74,10 +97,47 @@ def _shapes(experiment: Experiment, tokens: int) -> list[tuple[int, int]]:
         raise ConfigError(f"data.tokens_per_batch / data.max_length: {error}") from None
 
 
-class Trainer:
-    """Holds the compiled steps and the run's state; `run()` is the loop."""
+def _usable(experiment: Experiment, split: str, stats: FilterStats) -> str:
+    """A log line for what filtering kept; DataError if it kept nothing."""
+    what = (
+        f"{split!r}: kept {stats.kept} of {stats.total} pairs ({stats.too_long} longer than "
+        f"data.max_length={experiment.data.max_length} tokens, {stats.empty} with an empty side)"
+    )
+    if stats.kept == 0:
+        raise DataError(f"no usable sentence pairs in split {what}")
+    return what
 
-    def __init__(self, experiment: Experiment, workdir: str | Path) -> None:
+
+@dataclasses.dataclass
+class _Window:
+    """What happened since the last log line (metrics stay on device until then)."""
+
+    metrics: list[dict[str, jax.Array]] = dataclasses.field(default_factory=list)
+    tokens: float = 0.0
+    padding: float = 0.0
+    batches: int = 0
+    start: float = dataclasses.field(default_factory=time.monotonic)
+
+    def add(self, batches: list[dict[str, np.ndarray]], metrics: dict[str, jax.Array]) -> None:
+        for batch in batches:
+            self.tokens += float(np.count_nonzero(batch["tgt_tokens"]))
+            self.padding += padding_fraction(batch)
+            self.batches += 1
+        self.metrics.append(metrics)
+
+
+class Trainer:
+    """Holds the compiled steps and the run's state; `run()` is the loop.
+
+    `memory_limit_bytes` replaces the device's memory figure in the pre-flight check.
+    """
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        workdir: str | Path,
+        memory_limit_bytes: int | None = None,
+    ) -> None:
         self.experiment = experiment
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +153,7 @@ class Trainer:
         train_corpus, stats = tokenized_split(
             cfg.data, vocab_file, tokenizer, cfg.data.train_split, self.workdir
         )
-        log.info("training pairs: %s", stats)
+        log.info("training pairs %s", _usable(cfg, cfg.data.train_split, stats))
         per_micro_batch = cfg.data.tokens_per_batch // cfg.train.grad_accum_steps
         self.shapes = _shapes(cfg, per_micro_batch)
         log.info("bucket shapes (batch, length): %s", self.shapes)
@@ -103,7 +163,7 @@ class Trainer:
             self.eval_corpus, eval_stats = tokenized_split(
                 cfg.data, vocab_file, tokenizer, cfg.data.eval_split, self.workdir
             )
-            log.info("evaluation pairs: %s", eval_stats)
+            log.info("evaluation pairs %s", _usable(cfg, cfg.data.eval_split, eval_stats))
             self.eval_shapes = _shapes(cfg, cfg.data.eval_tokens_per_batch or per_micro_batch)
 
         self.bleu_pairs: list[tuple[str, str]] = []
@@ -112,6 +172,21 @@ class Trainer:
             self.bleu_pairs = pairs[: cfg.train.bleu_max_sentences or None]
             self.translator = Translator([cfg.model], [None], tokenizer, cfg.decode)
 
+        self._compile_steps()
+        # The trainer is the only writer, so it may delete saves a killed run left unfinished.
+        self.checkpoints = CheckpointManager(
+            self.workdir, keep=cfg.train.keep_checkpoints, clean_up_unfinished=True
+        )
+        self.metrics = MetricsSink(self.workdir, enabled=jax.process_index() == 0)
+        abstract = self._abstract_state()
+        if cfg.train.memory_preflight:
+            memory_preflight(
+                cfg, self._train_step, self._grad_step, abstract, self.shapes, memory_limit_bytes
+            )
+        self.state = self._initial_state(abstract)
+
+    def _compile_steps(self) -> None:
+        cfg = self.experiment
         self.model = Transformer(cfg.model)
         self.learning_rate = paper_schedule(
             cfg.model.d_model, cfg.optim.warmup_steps, cfg.optim.learning_rate_scale
@@ -137,24 +212,29 @@ class Trainer:
         )
         self._add = jax.jit(lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b))
         self._eval_step = jax.jit(functools.partial(steps.eval_step, self.model, smoothing))
-        self.checkpoints = CheckpointManager(self.workdir, keep=cfg.train.keep_checkpoints)
-        self.metrics = MetricsSink(self.workdir, enabled=jax.process_index() == 0)
-        self.state = self._initial_state()
 
-    def _initial_state(self) -> steps.TrainState:
+    def _example(self) -> dict[str, np.ndarray]:
         batch_size, length = self.shapes[0]
-        example = {
+        return {
             "src_tokens": np.zeros((batch_size, length), np.int32),
             "tgt_tokens": np.zeros((batch_size, length), np.int32),
         }
-        rng = jax.random.PRNGKey(self.experiment.train.seed)
+
+    def _abstract_state(self) -> steps.TrainState:
         create = functools.partial(steps.create_train_state, self.model, self.optimizer)
-        abstract = jax.eval_shape(create, rng, example)
+        rng = jax.random.PRNGKey(self.experiment.train.seed)
+        return jax.eval_shape(create, rng, self._example())
+
+    def _initial_state(self, abstract: steps.TrainState) -> steps.TrainState:
         restored = self.checkpoints.restore_latest(abstract)
         if restored is None:
             log.info("starting a new run in %s", self.workdir)
-            return jax.jit(create)(rng, example)
+            create = functools.partial(steps.create_train_state, self.model, self.optimizer)
+            rng = jax.random.PRNGKey(self.experiment.train.seed)
+            return jax.jit(create)(rng, self._example())
         step, state, data_state, _ = restored
+        # The position saved with the same step: the batches after it are those the
+        # uninterrupted run would have drawn next.
         self.train_batches.set_state(data_state)
         log.info("resumed from checkpoint step %d in %s", step, self.workdir)
         return state
@@ -201,109 +281,138 @@ class Trainer:
         return scores
 
     def _save(self) -> None:
-        step = int(self.state.step)
+        """Checkpoints the state and the data position after the last update drawn."""
+        step, skipping = (
+            int(x) for x in jax.device_get((self.state.step, self.state.skipped_steps))
+        )
+        if skipping:
+            # Mid-way through non-finite updates: the last good checkpoint stays the newest.
+            log.info("no checkpoint at step %d: the last %d updates were skipped", step, skipping)
+            return
         if step in self.checkpoints.all_steps():
             return
         self.checkpoints.save(
             step, self.state, self.train_batches.get_state(), self.experiment.to_dict()
         )
+        self._last_checkpoint_time = time.monotonic()
 
     def run(self) -> TrainResult:
         cfg = self.experiment.train
-        start_time = time.monotonic()
-        last_checkpoint_time = start_time
-        window: list[dict[str, jax.Array]] = []
-        window_tokens = window_slots = window_pad = 0.0
-        window_start = time.monotonic()
-        last_train: dict[str, float] = {}
-        last_eval: dict[str, float] = {}
-        stopped = "finished"
+        self._start_time = self._last_checkpoint_time = time.monotonic()
+        self._window = _Window()
+        self._last_train: dict[str, float] = {}
+        self._last_eval: dict[str, float] = {}
         step = int(self.state.step)
-        with _StopSignal() as stop, progress_bar(cfg.num_steps, step) as bar:
-            while step < cfg.num_steps:
-                batches = [next(self.train_batches) for _ in range(cfg.grad_accum_steps)]
-                for batch in batches:
-                    window_tokens += float(np.count_nonzero(batch["tgt_tokens"]))
-                    window_pad += padding_fraction(batch)
-                    window_slots += 1
-                window.append(self._one_update(batches))
-                step += 1
-                if step % cfg.log_every_steps == 0 or step == cfg.num_steps:
-                    last_train = self._log_window(
-                        step, window, window_tokens, window_start, window_pad / max(window_slots, 1)
-                    )
-                    self._check_skips(last_train)
-                    window, window_tokens, window_pad, window_slots = [], 0.0, 0.0, 0
-                    window_start = time.monotonic()
-                    bar.update(
-                        bar.task_ids[0], completed=step, status=f"loss {last_train['loss']:.3f}"
-                    )
-                if (
-                    cfg.eval_every_steps
-                    and self.eval_corpus is not None
-                    and (step % cfg.eval_every_steps == 0 or step == cfg.num_steps)
-                ):
-                    last_eval = self.evaluate()
-                    self.metrics.write("eval", step, last_eval)
-                if self.bleu_pairs and (step % cfg.bleu_every_steps == 0 or step == cfg.num_steps):
-                    self.metrics.write("bleu", step, self.bleu())
-                now = time.monotonic()
-                due_by_steps = cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0
-                due_by_time = (
-                    cfg.checkpoint_every_minutes
-                    and now - last_checkpoint_time >= 60 * cfg.checkpoint_every_minutes
-                )
-                if due_by_steps or due_by_time:
-                    self._save()
-                    last_checkpoint_time = now
-                if stop.requested:
-                    stopped = "SIGTERM received"
-                    break
-                if cfg.time_limit_minutes and now - start_time >= 60 * cfg.time_limit_minutes:
-                    stopped = f"time limit of {cfg.time_limit_minutes} minutes reached"
-                    break
-        self._save()
-        self.checkpoints.close()
-        self.metrics.close()
+        try:
+            with _StopSignal() as stop, progress_bar(cfg.num_steps, step) as bar:
+                stopped = self._stop_reason(stop, step)
+                while not stopped:
+                    step, consecutive = self._train_once()
+                    if consecutive:
+                        self._check_skips(step, consecutive)
+                    else:
+                        self._after_update(step, bar)
+                    stopped = self._stop_reason(stop, step)
+                self._save()  # inside the handler: a second SIGTERM does not cut it short
+        finally:
+            # Also on errors: let a save in flight finish, so the newest checkpoint is whole.
+            self.checkpoints.close()
+            self.metrics.close()
+        if stopped == SIGTERM_REASON:
+            stopped += "; rerun the same command to resume"
         log.info(
-            "stopped at step %d: %s; checkpoints in %s",
-            int(self.state.step),
-            stopped,
-            self.checkpoints.directory,
+            "stopped at step %d: %s; checkpoints in %s", step, stopped, self.checkpoints.directory
         )
-        return TrainResult(int(self.state.step), last_train, last_eval, stopped)
+        exit_code = EXIT_PREEMPTED if stopped.startswith(SIGTERM_REASON) else 0
+        return TrainResult(step, self._last_train, self._last_eval, stopped, exit_code)
 
-    def _log_window(
-        self,
-        step: int,
-        window: list[dict[str, jax.Array]],
-        tokens: float,
-        since: float,
-        padding: float,
-    ) -> dict[str, float]:
-        fetched = jax.device_get(window)  # one host sync per logging interval
-        elapsed = max(time.monotonic() - since, 1e-9)
+    def _train_once(self) -> tuple[int, int]:
+        """One optimizer update; returns (updates applied, consecutive updates skipped)."""
+        batches = [next(self.train_batches) for _ in range(self.experiment.train.grad_accum_steps)]
+        self._window.add(batches, self._one_update(batches))
+        # One small host sync per update: the non-finite guard and every step boundary
+        # (checkpoint, SIGTERM) must see each update, not only those at logging intervals.
+        step, consecutive = jax.device_get((self.state.step, self.state.skipped_steps))
+        return int(step), int(consecutive)
+
+    def _after_update(self, step: int, bar: Any) -> None:
+        """Logging, evaluation and checkpoints due at `step` (an update that was applied)."""
+        cfg = self.experiment.train
+        last = step == cfg.num_steps
+        if step % cfg.log_every_steps == 0 or last:
+            self._last_train = self._log_window(step)
+            bar.update(
+                bar.task_ids[0], completed=step, status=f"loss {self._last_train['loss']:.3f}"
+            )
+        if (
+            cfg.eval_every_steps
+            and self.eval_corpus is not None
+            and (step % cfg.eval_every_steps == 0 or last)
+        ):
+            self._last_eval = self.evaluate()
+            self.metrics.write("eval", step, self._last_eval)
+        if self.bleu_pairs and (step % cfg.bleu_every_steps == 0 or last):
+            self.metrics.write("bleu", step, self.bleu())
+        due_by_steps = cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0
+        # Saving never changes the state, so a time-based save cannot change the result.
+        due_by_time = (
+            cfg.checkpoint_every_minutes
+            and time.monotonic() - self._last_checkpoint_time >= 60 * cfg.checkpoint_every_minutes
+        )
+        if due_by_steps or due_by_time:
+            self._save()
+
+    def _stop_reason(self, stop: _StopSignal, step: int) -> str:
+        cfg = self.experiment.train
+        if step >= cfg.num_steps:
+            return "finished"
+        if stop.should_stop(step):
+            return SIGTERM_REASON
+        elapsed = time.monotonic() - self._start_time
+        if cfg.time_limit_minutes and elapsed >= 60 * cfg.time_limit_minutes:
+            return f"time limit of {cfg.time_limit_minutes} minutes reached"
+        return ""
+
+    def _log_window(self, step: int) -> dict[str, float]:
+        window, self._window = self._window, _Window()
+        fetched = jax.device_get(window.metrics)  # one host sync per logging interval
+        elapsed = max(time.monotonic() - window.start, 1e-9)
         summary = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
         summary["skipped"] = float(np.sum([m["skipped"] for m in fetched]))
         summary.update(
-            tokens_per_second=tokens / elapsed,
+            tokens_per_second=window.tokens / elapsed,
             step_time=elapsed / len(fetched),
-            padding_fraction=padding,
+            padding_fraction=window.padding / max(window.batches, 1),
         )
         summary.pop("tokens", None)
         self.metrics.write("train", step, summary)
         return summary
 
-    def _check_skips(self, summary: dict[str, float]) -> None:
-        consecutive = int(self.state.skipped_steps)
-        if consecutive >= self.experiment.train.max_consecutive_skips:
-            raise FloatingPointError(
-                f"{consecutive} consecutive updates had a non-finite loss or gradient; stopping "
-                f"with the last good checkpoint intact in {self.checkpoints.directory}"
-            )
-        del summary
+    def _check_skips(self, step: int, consecutive: int) -> None:
+        """Warns about a skipped update; stops once `train.max_consecutive_skips` in a row."""
+        limit = self.experiment.train.max_consecutive_skips
+        log.warning(
+            "update %d skipped: non-finite loss or gradient (%d in a row, limit %d)",
+            step + 1,
+            consecutive,
+            limit,
+        )
+        if consecutive < limit:
+            return
+        last = self.checkpoints.latest_step()
+        kept = (
+            f"the last good checkpoint (step {last}) is intact in {self.checkpoints.directory}"
+            if last is not None
+            else "no checkpoint had been written yet"
+        )
+        raise FloatingPointError(
+            f"{consecutive} consecutive updates had a non-finite loss or gradient; stopping "
+            f"at step {step}; {kept}"
+        )
 
 
-def train(experiment: Experiment, workdir: str | Path) -> TrainResult:
+def train(
+    experiment: Experiment, workdir: str | Path, memory_limit_bytes: int | None = None
+) -> TrainResult:
     """Trains (or resumes) the experiment in `workdir`."""
-    return Trainer(experiment, workdir).run()
+    return Trainer(experiment, workdir, memory_limit_bytes).run()

@@ -29,12 +29,20 @@ class TrainState:
 
 
 def create_train_state(
-    model: Transformer, optimizer: optax.GradientTransformation, rng: jax.Array, example: Batch
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    rng: jax.Array,
+    example: Batch,
+    unbox: bool = True,
 ) -> TrainState:
-    """Initialises parameters (float32) and optimizer state from an example batch's shapes."""
+    """Initialises parameters (float32) and optimizer state from an example batch's shapes.
+
+    With `unbox=False` parameters and optimizer moments keep their logical-axis boxes, so
+    `parallel.sharding` can derive every array's sharding before anything is allocated.
+    """
     init_rng, dropout_rng = jax.random.split(rng)
     variables = model.init(init_rng, example["src_tokens"], example["tgt_tokens"])
-    params = nn.meta.unbox(variables["params"])
+    params = nn.meta.unbox(variables["params"]) if unbox else variables["params"]
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,

@@ -1,0 +1,129 @@
+"""Measured matmul ceiling: GFLOP/s of one large square matrix product, the MFU denominator.
+
+    python bench/matmul_ceiling.py                      # n = 512…4096, float32 + bfloat16
+    python bench/matmul_ceiling.py --smoke
+    python bench/matmul_ceiling.py --json results.json  # train_throughput.py --ceiling-json
+
+An n×n by n×n product is 2·n³ FLOPs. Each (n, dtype) is timed (median of calls, after a
+warmup that also compiles) for at least --min-seconds. The ceiling is the best median over
+n: what this machine's BLAS-like kernels reach on the shapes most favourable to them, so
+a model's MFU below it measures the model's own overheads, not the hardware's datasheet.
+torch.mm is measured too when torch is installed, to see whether XLA's CPU kernels leave
+anything on the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import common  # bench/ is on sys.path when a script in it runs
+
+
+def jax_matmul(n: int, dtype: str, min_seconds: float) -> common.Timings:
+    import jax
+    import jax.numpy as jnp
+
+    key_a, key_b = jax.random.split(jax.random.PRNGKey(n))
+    a = jax.random.normal(key_a, (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(key_b, (n, n), jnp.float32).astype(dtype)
+    dot = jax.jit(jnp.dot)
+    return common.repeat_for(lambda: dot(a, b), min_seconds)
+
+
+def torch_matmul(n: int, dtype: str, min_seconds: float) -> common.Timings:
+    import torch
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    generator = torch.Generator().manual_seed(n)
+    a = torch.randn(n, n, generator=generator).to(torch_dtype)
+    b = torch.randn(n, n, generator=generator).to(torch_dtype)
+    with torch.inference_mode():
+        # torch runs eagerly and synchronously on the CPU, so returning the result is enough.
+        return common.repeat_for(lambda: torch.mm(a, b), min_seconds)
+
+
+def measure(
+    sizes: list[int], dtypes: list[str], min_seconds: float, frameworks: list[str]
+) -> list[dict[str, Any]]:
+    rows = []
+    for framework in frameworks:
+        run = jax_matmul if framework == "jax" else torch_matmul
+        for dtype in dtypes:
+            for n in sizes:
+                timings = run(n, dtype, min_seconds)
+                flops = 2.0 * n**3
+                rows.append(
+                    {
+                        "framework": framework,
+                        "dtype": dtype,
+                        "n": n,
+                        "ms": timings.median * 1e3,
+                        "gflops": flops / timings.median / 1e9,
+                        "gflops_best": flops / timings.best / 1e9,
+                        "calls": len(timings.seconds),
+                    }
+                )
+                print(
+                    f"  {framework} {dtype} n={n}: {rows[-1]['gflops']:.1f} GFLOP/s",
+                    file=sys.stderr,
+                )
+    return rows
+
+
+def ceilings(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Best median GFLOP/s per (framework, dtype)."""
+    best: dict[tuple[str, str], float] = {}
+    for row in rows:
+        key = (row["framework"], row["dtype"])
+        best[key] = max(best.get(key, 0.0), row["gflops"])
+    return best
+
+
+def jax_ceiling(dtype: str, sizes: list[int] | None = None, min_seconds: float = 1.0) -> float:
+    """Re-measures the JAX ceiling for one dtype (used when no --ceiling-json is given)."""
+    rows = measure(sizes or [1024, 2048], [dtype], min_seconds, ["jax"])
+    return ceilings(rows)[("jax", dtype)]
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=common.int_list, default=[512, 1024, 2048, 4096])
+    parser.add_argument("--dtypes", type=common.str_list, default=["float32", "bfloat16"])
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="timed per (n, dtype)")
+    parser.add_argument("--no-torch", action="store_true", help="JAX only")
+    common.add_output_args(parser)
+    args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.min_seconds = [128, 256], 0.05
+
+    info = common.machine_info()
+    common.print_machine(info)
+    common.warn_if_busy(info)
+    frameworks = ["jax"]
+    if not args.no_torch:
+        if torch_available():
+            frameworks.append("torch")
+        else:
+            print("torch is not installed: measuring JAX only", file=sys.stderr)
+    rows = measure(args.sizes, args.dtypes, args.min_seconds, frameworks)
+    print(common.markdown_table(rows, ["framework", "dtype", "n", "ms", "gflops", "gflops_best"]))
+    print()
+    summary = [
+        {"framework": f, "dtype": d, "ceiling_gflops": g} for (f, d), g in ceilings(rows).items()
+    ]
+    print(common.markdown_table(summary, ["framework", "dtype", "ceiling_gflops"]))
+    common.append_json(args.json, "matmul_ceiling", args, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Typed configuration of the device mesh (the `parallel` section of a config file)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnmt.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Mesh axis sizes; exactly one may be -1, meaning "all remaining devices".
+
+    data: batch split, parameters replicated. fsdp: batch split AND parameters/optimizer
+    state sharded (ZeRO-3 style). tensor: heads, FFN hidden units and vocabulary split.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ConfigError(f"parallel.{name} must be a positive size or -1, got {size}")
+        if sum(size == -1 for size in sizes.values()) > 1:
+            raise ConfigError("at most one of parallel.data/fsdp/tensor may be -1")

@@ -1,0 +1,106 @@
+"""Logical axis → mesh axis rules, and the shardings of train state and batches.
+
+One rules table serves every parallelism: an axis of size 1 shards nothing, so pure data
+parallelism, FSDP, tensor parallelism and their combinations differ only in mesh sizes.
+Rules are tried in order and a mesh axis is used at most once per array, so an activation
+[batch, length, embed] gets its batch split over (data, fsdp) and keeps embed whole, while
+a parameter [vocab, embed] gets vocab over tensor and embed over fsdp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from attnmt import axes
+from attnmt.parallel.mesh import BATCH_AXES, FSDP, TENSOR
+
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    (axes.BATCH, BATCH_AXES),
+    (axes.VOCAB, TENSOR),
+    (axes.HEADS, TENSOR),
+    (axes.MLP, TENSOR),
+    (axes.EMBED, FSDP),
+    (axes.LENGTH, None),
+    (axes.KV_LENGTH, None),
+    (axes.KV, None),
+)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """[batch, length] arrays: rows split over data × fsdp, positions whole."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
+    """NamedShardings for a tree whose leaves may be flax LogicallyPartitioned boxes;
+    unannotated leaves (step counters, RNG keys) are replicated."""
+    specs = nn.get_partition_spec(boxed_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)
+
+
+def sharded_init(create: Callable[..., Any], mesh: Mesh, *args: Any) -> tuple[Any, Any]:
+    """Runs `create(*args)` (which returns a tree with LogicallyPartitioned boxes) straight
+    into its shardings: shapes come from eval_shape, nothing is built on one device first.
+    Returns (unboxed state, its shardings)."""
+    abstract = jax.eval_shape(create, *args)
+    shardings = nn.meta.unbox(logical_shardings(abstract, mesh))
+
+    def create_unboxed(*inner: Any) -> Any:
+        return nn.meta.unbox(create(*inner))
+
+    # No mesh context here: DenseGeneral initialises a flattened 2-D kernel before
+    # reshaping it, which per-array constraints would reject; the output shardings alone
+    # make XLA partition the initialisation itself.
+    state = jax.jit(create_unboxed, out_shardings=shardings)(*args)
+    return state, shardings
+
+
+def bytes_per_device(tree: Any) -> dict[int, int]:
+    """Bytes of the tree's arrays held by each device (from the arrays' shards)."""
+    held: dict[int, int] = {}
+    for leaf in jax.tree_util.tree_leaves(tree):
+        for shard in leaf.addressable_shards:
+            held[shard.device.id] = held.get(shard.device.id, 0) + shard.data.nbytes
+    return held
+
+
+def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's rows of the global batch → global arrays split over data × fsdp."""
+    sharding = batch_sharding(mesh)
+    return {
+        name: jax.make_array_from_process_local_data(sharding, value)
+        for name, value in batch.items()
+    }
+
+
+def jit_with_rules(
+    fn: Callable[..., Any],
+    mesh: Mesh,
+    *,
+    in_shardings: Any,
+    out_shardings: Any,
+    donate_argnums: tuple[int, ...] = (),
+) -> Callable[..., Any]:
+    """jax.jit with explicit shardings, traced under the mesh and the logical rules so the
+    model's activation annotations become sharding constraints."""
+    jitted = jax.jit(
+        fn,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        donate_argnums=donate_argnums,
+    )
+
+    def call(*args: Any) -> Any:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+            return jitted(*args)
+
+    return call

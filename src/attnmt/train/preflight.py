@@ -1,0 +1,229 @@
+"""Memory pre-flight: refuse a batch/model that cannot fit on the device before training.
+
+XLA's compiled memory analysis gives the bytes one train step needs (its arguments, outputs
+and temporaries); the compile is the one training would do anyway, and JAX caches it, so
+the check costs little more than the first step. The estimate is compared with what the
+device offers: `bytes_limit` on GPU/TPU, and on CPU the smaller of physical memory and the
+cgroup limit (all CPU devices share the host's memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from attnmt.errors import ConfigError
+from attnmt.experiment import Experiment
+
+log = logging.getLogger("attnmt.train")
+
+_GiB = 1024**3
+_CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak bytes per device of one optimizer update on the batch shape `shape`."""
+
+    shape: tuple[int, int]  # (sentences, tokens) of the micro-batch analysed
+    state_bytes: int  # parameters, optimizer moments, step, RNG
+    total_bytes: int  # everything live at the step's peak, the state included
+
+    @property
+    def other_bytes(self) -> int:
+        """Activations, gradients and temporaries: what scales with the batch."""
+        return max(self.total_bytes - self.state_bytes, 0)
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of every array (or ShapeDtypeStruct) leaf in `tree`."""
+    return sum(
+        math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree_util.tree_leaves(tree)
+    )
+
+
+class NoMemoryAnalysisError(Exception):
+    """The backend compiled the step but reports no memory figures."""
+
+
+def _stats(compiled: Any) -> Any:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise NoMemoryAnalysisError("this backend reports no compiled memory analysis")
+    return stats
+
+
+def _peak_bytes(compiled: Any) -> int:
+    stats = _stats(compiled)
+    # Donated arguments are aliased to outputs: count those bytes once.
+    return int(
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+        + stats.temp_size_in_bytes
+        + stats.generated_code_size_in_bytes
+    )
+
+
+def estimate_train_memory(
+    train_step: Callable[..., Any],
+    grad_step: Callable[..., Any],
+    abstract_state: Any,
+    shape: tuple[int, int],
+    grad_accum_steps: int,
+) -> MemoryEstimate:
+    """Compiles the step training will run on `shape` (jitted functions, abstract inputs).
+
+    Without accumulation that is `train_step(state, batch)`, state donated. With it, the
+    micro-batch `grad_step(params, batch, rng)` runs while the state and the running
+    gradient sums (one more copy of the parameters) are held.
+    """
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("src_tokens", "tgt_tokens")}
+    state_bytes = tree_bytes(abstract_state)
+    if grad_accum_steps == 1:
+        total = _peak_bytes(train_step.lower(abstract_state, batch).compile())
+    else:
+        lowered = grad_step.lower(abstract_state.params, batch, abstract_state.dropout_rng)
+        stats = _stats(lowered.compile())
+        total = (
+            state_bytes
+            + tree_bytes(abstract_state.params)
+            + stats.output_size_in_bytes
+            + stats.temp_size_in_bytes
+        )
+    return MemoryEstimate(shape=shape, state_bytes=state_bytes, total_bytes=int(total))
+
+
+def _host_memory_bytes() -> int | None:
+    limits = []
+    # Not POSIX, or not reported: no physical-memory figure.
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for path in _CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" means no limit; v1 reports a huge number instead
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def device_memory_limit(device: jax.Device | None = None) -> tuple[int | None, str]:
+    """(bytes one device may use, a description of where that figure comes from)."""
+    device = device or jax.local_devices()[0]
+    try:
+        stats = device.memory_stats()
+    except (NotImplementedError, RuntimeError):  # some backends do not implement it
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"{device.device_kind} {device.id}"
+    if device.platform == "cpu":
+        return _host_memory_bytes(), "host memory (CPU)"
+    return None, device.platform
+
+
+def _remedies(experiment: Experiment, fitting_tokens: int | None) -> str:
+    model, data, train = experiment.model, experiment.data, experiment.train
+    hint = f"; about {fitting_tokens} may fit" if fitting_tokens else ""
+    return (
+        f"Lower data.tokens_per_batch (now {data.tokens_per_batch}{hint}), or raise "
+        f"train.grad_accum_steps (now {train.grad_accum_steps}; each micro-batch then holds "
+        "tokens_per_batch / grad_accum_steps tokens), or shrink the model "
+        f"(model.d_model={model.d_model}, model.d_ff={model.d_ff}, "
+        f"model.num_layers={model.num_layers}, model.vocab_size={model.vocab_size}). "
+        "train.memory_preflight=false skips this check"
+    )
+
+
+def check_fits(
+    experiment: Experiment, estimate: MemoryEstimate, limit_bytes: int, where: str
+) -> None:
+    """Raises ConfigError naming the keys to change when `estimate` exceeds the limit."""
+    if estimate.total_bytes <= limit_bytes:
+        return
+    need = (
+        f"memory pre-flight: one training step on the longest bucket ({estimate.shape[0]} "
+        f"sentences × {estimate.shape[1]} tokens) needs about "
+        f"{estimate.total_bytes / _GiB:.2f} GiB per device (train state "
+        f"{estimate.state_bytes / _GiB:.2f} GiB, activations, gradients and temporaries "
+        f"{estimate.other_bytes / _GiB:.2f} GiB) but {where} offers {limit_bytes / _GiB:.2f} GiB"
+    )
+    if estimate.state_bytes >= limit_bytes:
+        model = experiment.model
+        raise ConfigError(
+            f"{need}. The parameters and Adam moments alone do not fit: shrink the model "
+            f"(model.d_model={model.d_model}, model.d_ff={model.d_ff}, "
+            f"model.num_layers={model.num_layers}, model.vocab_size={model.vocab_size})"
+        )
+    # Activations grow about linearly with the tokens of a micro-batch.
+    room = (limit_bytes - estimate.state_bytes) / max(estimate.other_bytes, 1)
+    fitting = int(experiment.data.tokens_per_batch * room * 0.9)
+    raise ConfigError(f"{need}. {_remedies(experiment, fitting)}")
+
+
+def memory_preflight(
+    experiment: Experiment,
+    train_step: Callable[..., Any],
+    grad_step: Callable[..., Any],
+    abstract_state: Any,
+    shapes: list[tuple[int, int]],
+    limit_bytes: int | None = None,
+) -> MemoryEstimate | None:
+    """Estimates the step on the longest bucket and refuses it if it cannot fit.
+
+    `limit_bytes` overrides the device's figure (tests, or a share of a shared device).
+    Returns the estimate, or None when the backend cannot analyse memory.
+    """
+    # Every bucket holds about the same tokens; attention's length² makes the longest the
+    # largest.
+    shape = max(shapes, key=lambda s: (s[1], s[0] * s[1]))
+    where = "the given limit"
+    if limit_bytes is None:
+        limit_bytes, where = device_memory_limit()
+    try:
+        estimate = estimate_train_memory(
+            train_step, grad_step, abstract_state, shape, experiment.train.grad_accum_steps
+        )
+    except NoMemoryAnalysisError as error:
+        log.info("memory pre-flight skipped: %s", error)
+        return None
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        # Some compilers (TPU) refuse at compile time a program that cannot fit.
+        first_line = str(error).strip().split("\n", 1)[0]
+        raise ConfigError(
+            f"memory pre-flight: one training step on the longest bucket ({shape[0]} "
+            f"sentences × {shape[1]} tokens) does not fit on the device ({first_line}). "
+            f"{_remedies(experiment, None)}"
+        ) from None
+    if limit_bytes is None:
+        log.info(
+            "memory pre-flight: the train step needs about %.2f GiB per device; %s reports "
+            "no limit, so it is not checked",
+            estimate.total_bytes / _GiB,
+            where,
+        )
+        return estimate
+    check_fits(experiment, estimate, limit_bytes, where)
+    log.info(
+        "memory pre-flight: the train step needs about %.2f GiB of %.2f GiB (%s)",
+        estimate.total_bytes / _GiB,
+        limit_bytes / _GiB,
+        where,
+    )
+    return estimate
