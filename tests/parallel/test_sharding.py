@@ -21,8 +21,9 @@ from attnmt.parallel.sharding import (
 from attnmt.train import step as steps
 from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
 
-CONFIG = ModelConfig(vocab_size=32, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8,
-                     num_layers=1, dropout_rate=0.1)
+CONFIG = ModelConfig(
+    vocab_size=32, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=1, dropout_rate=0.1
+)
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devices")
 
 
@@ -48,8 +49,9 @@ def _run(parallel: ParallelConfig, devices):
     create = functools.partial(steps.create_train_state, model, optimizer, unbox=False)
     state, shardings = sharded_init(create, mesh, jax.random.PRNGKey(0), batches[0])
     train = functools.partial(steps.train_step, model, optimizer, paper_schedule(32, 4), 0.1)
-    step = jit_with_rules(train, mesh, in_shardings=(shardings, None),
-                          out_shardings=(shardings, replicated(mesh)))
+    step = jit_with_rules(
+        train, mesh, in_shardings=(shardings, None), out_shardings=(shardings, replicated(mesh))
+    )
     losses = []
     for batch in batches:
         state, metrics = step(state, put_batch(batch, mesh))
@@ -64,16 +66,24 @@ def single_device():
 
 @pytest.mark.parametrize(
     "parallel",
-    [ParallelConfig(data=8), ParallelConfig(data=1, fsdp=8), ParallelConfig(data=4, tensor=2),
-     ParallelConfig(data=2, fsdp=2, tensor=2), ParallelConfig(data=1, fsdp=2, tensor=4)],
+    [
+        ParallelConfig(data=8),
+        ParallelConfig(data=1, fsdp=8),
+        ParallelConfig(data=4, tensor=2),
+        ParallelConfig(data=2, fsdp=2, tensor=2),
+        ParallelConfig(data=1, fsdp=2, tensor=4),
+    ],
     ids=["dp8", "fsdp8", "dp4-tp2", "2x2x2", "fsdp2-tp4"],
 )
 def test_same_losses_and_parameters_on_any_mesh(single_device, parallel):
     reference_state, reference_losses = single_device
     state, losses = _run(parallel, jax.devices()[:8])
     np.testing.assert_allclose(losses, reference_losses, rtol=1e-5)
-    for ref, got in zip(jax.tree_util.tree_leaves(reference_state.params),
-                        jax.tree_util.tree_leaves(state.params), strict=True):
+    for ref, got in zip(
+        jax.tree_util.tree_leaves(reference_state.params),
+        jax.tree_util.tree_leaves(state.params),
+        strict=True,
+    ):
         ref, got = np.asarray(ref), np.asarray(got)
         assert np.max(np.abs(got - ref)) <= 1e-5 * max(np.max(np.abs(ref)), 1e-3)
 
