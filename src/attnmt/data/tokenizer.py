@@ -189,3 +189,7 @@ class Tokenizer:
 
     def decode_batch(self, batch: Iterable[Sequence[int]]) -> list[str]:
         return self._sp.decode([self._clean(ids) for ids in batch])
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary piece of each id (for labelling attention maps)."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]

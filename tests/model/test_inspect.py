@@ -1,0 +1,44 @@
+"""Attention maps collected for notebooks are proper, masked distributions."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.inspect import attention_maps
+from attnmt.model.transformer import Transformer
+
+
+def test_maps_cover_every_attention_and_respect_masks():
+    config = ModelConfig(
+        vocab_size=20,
+        d_model=16,
+        d_ff=32,
+        num_heads=2,
+        d_k=8,
+        d_v=8,
+        num_layers=2,
+        dropout_rate=0.0,
+    )
+    model = Transformer(config)
+    src = jnp.array([[5, 6, 7, EOS_ID, PAD_ID], [8, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
+    tgt = jnp.array([[9, 10, EOS_ID, PAD_ID], [11, 12, 13, EOS_ID]])
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src, tgt)["params"])
+    maps = attention_maps(model, params, src, tgt)
+    assert sorted(maps) == [
+        "decoder_0/cross_attention",
+        "decoder_0/self_attention",
+        "decoder_1/cross_attention",
+        "decoder_1/self_attention",
+        "encoder_0/self_attention",
+        "encoder_1/self_attention",
+    ]
+    encoder = maps["encoder_1/self_attention"]
+    assert encoder.shape == (2, 2, 5, 5)
+    np.testing.assert_allclose(encoder.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(encoder[1, :, :, 2:] < 1e-6)  # padded source keys get no weight
+    decoder = maps["decoder_0/self_attention"]
+    assert np.all(np.triu(np.ones((4, 4)), k=1)[None, None] * decoder < 1e-6)  # causal
+    cross = maps["decoder_1/cross_attention"]
+    assert cross.shape == (2, 2, 4, 5) and np.all(cross[0, :, :, 4] < 1e-6)
