@@ -45,30 +45,42 @@ def torch_matmul(n: int, dtype: str, min_seconds: float) -> common.Timings:
 
 
 def measure(
-    sizes: list[int], dtypes: list[str], min_seconds: float, frameworks: list[str]
+    sizes: list[int],
+    dtypes: list[str],
+    min_seconds: float,
+    frameworks: list[str],
+    max_call_seconds: float = 5.0,
 ) -> list[dict[str, Any]]:
     rows = []
     for framework in frameworks:
         run = jax_matmul if framework == "jax" else torch_matmul
         for dtype in dtypes:
-            for n in sizes:
-                timings = run(n, dtype, min_seconds)
+            rate = None  # FLOP/s of the previous size, to foresee hopeless ones
+            for n in sorted(sizes):
                 flops = 2.0 * n**3
+                if rate and flops / rate > max_call_seconds:
+                    # E.g. torch bfloat16 on a CPU without native bf16 runs at a few
+                    # GFLOP/s: n=4096 would take minutes per call and tell nothing new.
+                    print(
+                        f"  {framework} {dtype} n={n}: skipped (one call would take about "
+                        f"{flops / rate:.3g} s; --max-call-seconds {max_call_seconds:g})",
+                        file=sys.stderr,
+                    )
+                    continue
+                timings = run(n, dtype, min_seconds)
+                rate = flops / timings.median
                 rows.append(
                     {
                         "framework": framework,
                         "dtype": dtype,
                         "n": n,
                         "ms": timings.median * 1e3,
-                        "gflops": flops / timings.median / 1e9,
+                        "gflops": rate / 1e9,
                         "gflops_best": flops / timings.best / 1e9,
                         "calls": len(timings.seconds),
                     }
                 )
-                print(
-                    f"  {framework} {dtype} n={n}: {rows[-1]['gflops']:.1f} GFLOP/s",
-                    file=sys.stderr,
-                )
+                print(f"  {framework} {dtype} n={n}: {rate / 1e9:.1f} GFLOP/s", file=sys.stderr)
     return rows
 
 
@@ -101,6 +113,12 @@ def main() -> None:
     parser.add_argument("--dtypes", type=common.str_list, default=["float32", "bfloat16"])
     parser.add_argument("--min-seconds", type=float, default=2.0, help="timed per (n, dtype)")
     parser.add_argument("--no-torch", action="store_true", help="JAX only")
+    parser.add_argument(
+        "--max-call-seconds",
+        type=float,
+        default=5.0,
+        help="skip sizes whose one call would take longer, judged from the previous size",
+    )
     common.add_output_args(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -115,7 +133,7 @@ def main() -> None:
             frameworks.append("torch")
         else:
             print("torch is not installed: measuring JAX only", file=sys.stderr)
-    rows = measure(args.sizes, args.dtypes, args.min_seconds, frameworks)
+    rows = measure(args.sizes, args.dtypes, args.min_seconds, frameworks, args.max_call_seconds)
     print(common.markdown_table(rows, ["framework", "dtype", "n", "ms", "gflops", "gflops_best"]))
     print()
     summary = [

@@ -197,7 +197,7 @@ def main() -> None:
     common.add_output_args(parser)
     args = parser.parse_args()
     if args.smoke:
-        args.batch_tokens, args.batch_length = [64, 128], 16
+        args.batch_tokens, args.batch_length = [128], 16
         args.lengths, args.length_tokens = [16, 32], 128
         args.growths = [4.0, 2.0]
         args.min_steps, args.min_seconds, args.warmup = 2, 0.0, 0

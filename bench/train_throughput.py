@@ -138,9 +138,11 @@ def time_attnmt(
     warmup: int = 2,
     ceiling_gflops: float | None = None,
     seed: int = 0,
+    max_seconds: float = 600.0,
 ) -> dict[str, Any]:
     """Compiles the train step for every batch shape, then times steps over the batches
-    (cycled) until both `min_steps` and `min_seconds` are reached."""
+    (cycled) until both `min_steps` and `min_seconds` are reached, or `max_seconds` have
+    been timed over at least two steps."""
     experiment = workload.experiment
     model = Transformer(experiment.model)
     optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
@@ -186,7 +188,7 @@ def time_attnmt(
 
     seconds: list[float] = []
     useful = padded = tokens = 0.0
-    while len(seconds) < min_steps or sum(seconds) < min_seconds:
+    while keep_timing(seconds, min_steps, min_seconds, max_seconds):
         index = next(cycle)
         start = time.perf_counter()
         state, metrics = common.block(run(state, device_batches[index]))
@@ -221,6 +223,16 @@ def time_attnmt(
         row["mfu"] = row["gflops"] / ceiling_gflops
         row["padded_mfu"] = row["padded_gflops"] / ceiling_gflops
     return row
+
+
+def keep_timing(
+    seconds: list[float], min_steps: int, min_seconds: float, max_seconds: float
+) -> bool:
+    """Whether to time another step: until both minimums are met, unless a very slow case
+    has already run past `max_seconds` (two steps at least, so a median exists)."""
+    if len(seconds) >= 2 and sum(seconds) >= max_seconds:
+        return False
+    return len(seconds) < min_steps or sum(seconds) < min_seconds
 
 
 def resolve_ceilings(args: argparse.Namespace, dtypes: list[str]) -> dict[str, float | None]:
@@ -260,9 +272,14 @@ COLUMNS = [
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """Flags shared with peer_marian.py, which times the same workloads."""
     parser.add_argument(
-        "--configs", type=common.str_list, default=["tiny", "multi30k", "wmt14_ende"]
+        "--configs",
+        type=common.str_list,
+        default=["tiny", "multi30k", "wmt14_ende"],
+        help="comma-separated: tiny, multi30k, wmt14_ende, wmt14_ende_big or path.py[:arg]",
     )
-    parser.add_argument("--dtypes", type=common.str_list, default=["float32"])
+    parser.add_argument(
+        "--dtypes", type=common.str_list, default=["float32"], help="float32,bfloat16"
+    )
     parser.add_argument(
         "--data", choices=["auto", "multi30k", "random"], default="auto", help="batch source"
     )
@@ -273,6 +290,9 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", type=int, default=32, help="distinct Multi30K batches cycled")
     parser.add_argument("--min-steps", type=int, default=10)
     parser.add_argument("--min-seconds", type=float, default=30.0, help="timed per row")
+    parser.add_argument(
+        "--max-seconds", type=float, default=120.0, help="stop a slow row after this (≥2 steps)"
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
         "--data-dir", help="Multi30K folder (default: $ATTNMT_MULTI30K_DIR, shared/)"
@@ -331,6 +351,7 @@ def main() -> None:
                 min_seconds=args.min_seconds,
                 warmup=args.warmup,
                 ceiling_gflops=ceilings.get(dtype),
+                max_seconds=args.max_seconds,
             )
             print(f"  {config_name} {dtype}: {row['step_ms']:.1f} ms/step", file=sys.stderr)
             rows.append(row)
