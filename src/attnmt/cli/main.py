@@ -120,11 +120,15 @@ def _cmd_translate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         _decode_config(runs[0], args),
     )
     with contextlib.ExitStack() as files:
-        # Undecodable bytes become U+FFFD instead of stopping the stream mid-file.
+        # Undecodable bytes become U+FFFD instead of stopping the stream mid-file, and only
+        # "\n" ends a line (as in training data): universal newlines would split a line at
+        # a lone "\r" and shift every later translation by one.
         source = files.enter_context(
-            open(args.input, encoding="utf-8", errors="replace")  # noqa: SIM115 (ExitStack)
+            open(args.input, encoding="utf-8", errors="replace", newline="\n")  # noqa: SIM115
             if args.input
-            else io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+            else io.TextIOWrapper(
+                sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"
+            )
         )
         target = files.enter_context(
             open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (ExitStack)
@@ -217,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_arguments(evaluate)
     evaluate.add_argument("--split", default=None, help="default: the config's test split")
     evaluate.set_defaults(handler=_cmd_evaluate)
+
+    from attnmt import report as report_module
+
+    report = commands.add_parser("report", help="a Table-3-like table of runs under a folder")
+    report_module.add_arguments(report)
+    report.set_defaults(handler=lambda args, overrides: report_module.run(args))
     return parser
 
 

@@ -1,0 +1,294 @@
+"""Cloud TPU VM slices through `gcloud compute tpus tpu-vm`: create, install, run, logs, stop,
+delete. Every worker of a slice runs the same command (`--worker=all`); JAX finds its peers
+from the TPU metadata itself, so no coordinator variables are needed.
+
+    python launch/tpu_vm.py create  --tpu ende --zone us-central2-b --accelerator-type v4-32
+    python launch/tpu_vm.py install --tpu ende --zone us-central2-b            # this repo's HEAD
+    python launch/tpu_vm.py run     --tpu ende --zone us-central2-b \
+        --config configs/wmt14_ende.py:variant=base --workdir gs://bucket/ende_base
+    python launch/tpu_vm.py logs    --tpu ende --zone us-central2-b --name ende_base --follow
+    python launch/tpu_vm.py stop    --tpu ende --zone us-central2-b --name ende_base
+    python launch/tpu_vm.py delete  --tpu ende --zone us-central2-b
+
+Install ships the repository (configs included) to ~/attnmt on every worker: `--source repo`
+(default) copies `git archive HEAD` of this checkout, so commit first; `--source git` clones
+--git-url at --ref there; `--source wheel` installs --wheel and copies configs/ beside it.
+A multi-host slice needs a workdir every worker shares (gs://...): each host writes its part
+of every checkpoint there. Training runs under nohup with its log in ~/attnmt-logs/<name>.log
+and its pid beside it (stop sends SIGTERM: the run checkpoints, then exits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python launch/tpu_vm.py`: make `launch` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from launch.common import (
+    REPO_ROOT,
+    Command,
+    LaunchError,
+    Run,
+    add_dry_run_argument,
+    add_run_arguments,
+    check_name,
+    command,
+    execute,
+    main_guard,
+    parse_env,
+    require_tool,
+    run_from_args,
+    slug,
+    split_overrides,
+)
+
+TOOL = "gcloud"
+GCLOUD = ("gcloud", "compute", "tpus", "tpu-vm")
+DEFAULT_PROGRAM = "python3 -m attnmt.cli.main"  # ~/.local/bin is not on a plain ssh's PATH
+REMOTE_REPO = "attnmt"  # under the remote home
+REMOTE_LOGS = "attnmt-logs"
+ARCHIVE_NAME = "attnmt-src.tar.gz"
+# Runtime images by accelerator family (Cloud TPU docs: "TPU software versions").
+RUNTIME_VERSIONS = {
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v6e": "v2-alpha-tpuv6e",
+}
+DEFAULT_RUNTIME_VERSION = "tpu-ubuntu2204-base"  # v2, v3, v4, v5p
+
+
+def _gcloud(verb: str, positional: list[str], options: argparse.Namespace, *flags: str) -> Command:
+    argv = [*GCLOUD, verb, *positional, f"--zone={options.zone}"]
+    if options.project:
+        argv.append(f"--project={options.project}")
+    return command(*argv, *flags)
+
+
+def _ssh(options: argparse.Namespace, remote: str, worker: str = "all") -> Command:
+    return _gcloud("ssh", [options.tpu], options, f"--worker={worker}", f"--command={remote}")
+
+
+def create_commands(options: argparse.Namespace) -> list[Command]:
+    family = options.accelerator_type.split("-")[0]
+    version = options.version or RUNTIME_VERSIONS.get(family, DEFAULT_RUNTIME_VERSION)
+    flags = [f"--accelerator-type={options.accelerator_type}", f"--version={version}"]
+    if options.spot:
+        flags.append("--spot")
+    if options.preemptible:
+        flags.append("--preemptible")
+    return [_gcloud("create", [options.tpu], options, *flags)]
+
+
+def _home(path: str) -> str:
+    """A path under the remote home, double-quoted so that $HOME expands and nothing globs."""
+    return f'"$HOME/{path}"'
+
+
+def _pip_install(path: str, options: argparse.Namespace, editable: bool = False) -> str:
+    """pip install of ~/<path> with --extras, plus the accelerator's jax (--jax)."""
+    extras = f"[{options.extras}]" if options.extras else ""
+    target = ("-e " if editable else "") + _home(path + extras)
+    jax = f" {shlex.quote(options.jax)}" if options.jax else ""
+    return f"python3 -m pip install --quiet {target}{jax}"
+
+
+def install_commands(options: argparse.Namespace) -> list[Command]:
+    if options.source == "git":
+        if not options.git_url:
+            raise LaunchError("--source git needs --git-url")
+        remote = (
+            f"( [ -d {_home(REMOTE_REPO + '/.git')} ] || git clone --quiet "
+            f"{shlex.quote(options.git_url)} {_home(REMOTE_REPO)} ) && cd {_home(REMOTE_REPO)}"
+            f" && git fetch --quiet origin {shlex.quote(options.ref)}"
+            " && git checkout --quiet --detach FETCH_HEAD && "
+            + _pip_install(REMOTE_REPO, options, editable=True)
+        )
+        return [_ssh(options, remote)]
+    if options.source == "wheel":
+        if not options.wheel:
+            raise LaunchError("--source wheel needs --wheel FILE")
+        wheel = Path(options.wheel).name
+        configs = str(REPO_ROOT / "configs")
+        return [
+            _ssh(options, f"mkdir -p {_home(REMOTE_REPO)}"),
+            _gcloud("scp", [options.wheel, f"{options.tpu}:{wheel}"], options, "--worker=all"),
+            _gcloud(
+                "scp",
+                [configs, f"{options.tpu}:{REMOTE_REPO}/"],
+                options,
+                "--worker=all",
+                "--recurse",
+            ),
+            _ssh(options, _pip_install(wheel, options)),
+        ]
+    archive = str(Path(tempfile.gettempdir()) / ARCHIVE_NAME)
+    _warn_if_uncommitted()
+    remote = (
+        f"mkdir -p {_home(REMOTE_REPO)} && tar -xzf {_home(ARCHIVE_NAME)} -C {_home(REMOTE_REPO)}"
+        " && " + _pip_install(REMOTE_REPO, options, editable=True)
+    )
+    archive_head = (
+        "git",
+        "-C",
+        str(REPO_ROOT),
+        "archive",
+        "--format=tar.gz",
+        f"--output={archive}",
+    )
+    return [
+        command(*archive_head, "HEAD"),
+        _gcloud("scp", [archive, f"{options.tpu}:{ARCHIVE_NAME}"], options, "--worker=all"),
+        _ssh(options, remote),
+    ]
+
+
+def _warn_if_uncommitted() -> None:
+    status = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if status.returncode == 0 and status.stdout.strip():
+        print(
+            "launch: warning: uncommitted changes are not shipped (install sends HEAD)",
+            file=sys.stderr,
+        )
+
+
+def tpu_name(template: str, run: Run) -> str:
+    """--tpu may hold `{run}` so that a sweep puts each run on its own slice."""
+    return template.replace("{run}", slug(run.name))
+
+
+def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
+    """The run on every worker: in the background under nohup, or attached (--foreground)."""
+    if not run.workdir.startswith("gs://"):
+        print(
+            f"launch: note: workdir {run.workdir} is local to each worker; a multi-host slice "
+            "needs a shared gs:// workdir",
+            file=sys.stderr,
+        )
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in parse_env(options.env).items())
+    train = shlex.join(run.train_argv(shlex.split(options.program)))
+    log = _home(f"{REMOTE_LOGS}/{run.name}.log")
+    prefix = f"mkdir -p {_home(REMOTE_LOGS)} && cd {_home(REMOTE_REPO)} && "
+    if options.foreground:
+        remote = f"set -o pipefail; {prefix}{env}{train} 2>&1 | tee -a {log}"
+    else:
+        pid = _home(f"{REMOTE_LOGS}/{run.name}.pid")
+        # Braces: `&` must background nohup alone, so that $! is the training process.
+        remote = f"{prefix}{{ {env}nohup {train} >> {log} 2>&1 < /dev/null & echo $! > {pid}; }}"
+    ssh_options = argparse.Namespace(**{**vars(options), "tpu": tpu_name(options.tpu, run)})
+    return [_ssh(ssh_options, remote)]
+
+
+def logs_commands(options: argparse.Namespace) -> list[Command]:
+    follow = " -F" if options.follow else ""
+    remote = f"tail -n {options.lines}{follow} {_home(f'{REMOTE_LOGS}/{options.name}.log')}"
+    return [_ssh(options, remote, worker=options.worker)]
+
+
+def stop_commands(options: argparse.Namespace) -> list[Command]:
+    remote = f'kill -TERM "$(cat {_home(f"{REMOTE_LOGS}/{options.name}.pid")})"'
+    return [_ssh(options, remote)]
+
+
+def delete_commands(options: argparse.Namespace) -> list[Command]:
+    return [_gcloud("delete", [options.tpu], options, "--quiet")]
+
+
+def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where runs go: the slice (`{run}` in --tpu is replaced by the run's name)."""
+    parser.add_argument("--tpu", required=True, help="TPU VM name (a sweep may use {run})")
+    parser.add_argument("--zone", required=True)
+    parser.add_argument("--project", default=None)
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the run")
+    parser.add_argument(
+        "--foreground", action="store_true", help="stay attached until training ends"
+    )
+
+
+def _slice_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tpu", required=True, help="TPU VM name")
+    parser.add_argument("--zone", required=True)
+    parser.add_argument("--project", default=None)
+    add_dry_run_argument(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="launch/tpu_vm.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    create = verbs.add_parser("create", help="create a TPU VM slice")
+    _slice_arguments(create)
+    create.add_argument("--accelerator-type", required=True, help="v4-32, v5litepod-16, ...")
+    create.add_argument("--version", default=None, help="runtime (default: by accelerator)")
+    kind = create.add_mutually_exclusive_group()
+    kind.add_argument("--spot", action="store_true", help="Spot VMs (preemptible, cheaper)")
+    kind.add_argument("--preemptible", action="store_true")
+
+    install = verbs.add_parser("install", help="ship the code and pip install it on all workers")
+    _slice_arguments(install)
+    install.add_argument("--source", choices=["repo", "git", "wheel"], default="repo")
+    install.add_argument("--git-url", default=None)
+    install.add_argument("--ref", default="main", help="branch, tag or commit (--source git)")
+    install.add_argument("--wheel", default=None, help="a built attnmt wheel (--source wheel)")
+    install.add_argument("--extras", default="tfds", help="attnmt extras ('' for none)")
+    install.add_argument("--jax", default="jax[tpu]", help="accelerator jax ('' for none)")
+
+    run = verbs.add_parser("run", help="start attnmt train on all workers")
+    add_run_arguments(run, DEFAULT_PROGRAM)
+    add_launcher_arguments(run)
+    add_dry_run_argument(run)
+
+    for verb, text in (("logs", "show a run's log"), ("stop", "SIGTERM a run (it checkpoints)")):
+        sub = verbs.add_parser(verb, help=text)
+        _slice_arguments(sub)
+        sub.add_argument("--name", required=True, help="the run's name (its workdir's name)")
+        if verb == "logs":
+            sub.add_argument("--worker", default="0", help="worker index, or all")
+            sub.add_argument("--lines", type=int, default=100)
+            sub.add_argument("--follow", action="store_true")
+
+    delete = verbs.add_parser("delete", help="delete the slice")
+    _slice_arguments(delete)
+    return parser
+
+
+def _main(argv: list[str] | None) -> int:
+    rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(rest)
+    if overrides and args.verb != "run":
+        raise LaunchError("--config.* overrides belong to the run subcommand")
+    if args.verb == "run":
+        commands = commands_for_run(run_from_args(args, overrides), args)
+    else:
+        if getattr(args, "name", None):
+            args.name = check_name(args.name)
+        build = {
+            "create": create_commands,
+            "install": install_commands,
+            "logs": logs_commands,
+            "stop": stop_commands,
+            "delete": delete_commands,
+        }[args.verb]
+        commands = build(args)
+    if not args.dry_run:
+        require_tool(TOOL, "manage Cloud TPU VMs")
+    return execute(commands, args.dry_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return main_guard(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
