@@ -8,19 +8,28 @@ equality, not closeness.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.cli.main import main
+from attnmt.data.pipeline import BatchIterator
+from attnmt.train import step as steps
+from attnmt.train.loop import Trainer
 from attnmt.workdir import abstract_train_state, load_run
 from tests.test_config import CONFIGS
 
@@ -69,6 +78,7 @@ def train_command(workdir: Path, corpus: Path, *extra: str) -> list[str]:
         "--config.data.max_length=8",
         "--config.data.tokens_per_batch=128",
         "--config.model.vocab_size=32",
+        "--config.model.num_layers=1",  # compiles faster; nothing here depends on depth
         "--config.model.dropout_rate=0.1",  # exercise the per-step dropout keys
         f"--config.train.num_steps={NUM_STEPS}",
         "--config.train.eval_every_steps=0",
@@ -122,10 +132,18 @@ def reference(tmp_path_factory, corpus, env) -> Path:
     return workdir
 
 
-def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
+@contextlib.contextmanager
+def started(command: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """The run as a child process, killed on the way out if a check failed mid-way."""
+    process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def wait_for_step(process: subprocess.Popen, step: int) -> None:
@@ -152,16 +170,16 @@ def test_kill_9_three_times_then_resume_is_bit_identical(tmp_path, corpus, env, 
     rng = random.Random(1234)
     # One kill early, one in the middle, one late; each lands up to ~5 steps after the
     # logged step, so mid-step, mid-save and between saves alike.
-    targets = [rng.randrange(2, 9), rng.randrange(11, 17), rng.randrange(19, 26)]
+    targets = [rng.randrange(2, 9), rng.randrange(10, 16), rng.randrange(17, 23)]
     workdir = tmp_path / "killed"
     command = train_command(workdir, corpus)
     trials = []
     for target in targets:
-        process = start(command, env)
-        wait_for_step(process, target)
-        time.sleep(rng.uniform(0.0, 0.1))
-        process.send_signal(signal.SIGKILL)
-        _, stderr = process.communicate(timeout=60)
+        with started(command, env) as process:
+            wait_for_step(process, target)
+            time.sleep(rng.uniform(0.0, 0.1))
+            process.send_signal(signal.SIGKILL)
+            _, stderr = process.communicate(timeout=60)
         assert process.returncode == -signal.SIGKILL, stderr[-3000:]
         unfinished = [p.name for p in (workdir / "checkpoints").iterdir() if "tmp" in p.name]
         trials.append((target, finished_steps(workdir)[-1:], unfinished))
@@ -183,14 +201,91 @@ def test_sigterm_saves_at_the_next_step_and_resumes_bit_identical(tmp_path, corp
     workdir = tmp_path / "preempted"
     # No periodic checkpoint before the end: the one we find must be SIGTERM's.
     command = train_command(workdir, corpus, f"--config.train.checkpoint_every_steps={NUM_STEPS}")
-    process = start(command, env)
-    wait_for_step(process, 10)
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=120)
+    with started(command, env) as process:
+        wait_for_step(process, 5)  # early: the run must still be going when it arrives
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
     steps = finished_steps(workdir)
     assert process.returncode == EXIT_PREEMPTED, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert len(steps) == 1 and 10 <= steps[0] < NUM_STEPS, steps
+    assert len(steps) == 1 and 5 <= steps[0] < NUM_STEPS, steps
     assert f"stopped at step {steps[0]}: SIGTERM received" in stdout
+    print(f"SIGTERM after logged step 5: checkpoint and stop at step {steps[0]}")
     run_to_end(command, env)
     assert_bit_identical(workdir, reference)
+
+
+def _in_process_args(workdir: Path, corpus: Path, *extra: str) -> list[str]:
+    command = train_command(workdir, corpus, *extra)
+    return command[command.index("train") :]
+
+
+def test_non_finite_updates_stop_within_the_limit_and_keep_the_last_checkpoint(
+    tmp_path, corpus, monkeypatch, capsys, caplog
+):
+    created: list[Trainer] = []
+    original_init = Trainer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        created.append(self)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", recording_init)
+    workdir = tmp_path / "run"
+    assert main(_in_process_args(workdir, corpus, "--config.train.num_steps=10")) == 0
+    good = jax.device_get(created[0].state)
+
+    real = steps.compute_gradients
+
+    def poisoned(*args, **kwargs):
+        grads, sums = real(*args, **kwargs)
+        return jax.tree_util.tree_map(lambda g: g * jnp.nan, grads), sums
+
+    monkeypatch.setattr(steps, "compute_gradients", poisoned)
+    capsys.readouterr()
+    code = main(
+        _in_process_args(
+            workdir,
+            corpus,
+            "--config.train.max_consecutive_skips=3",
+            "--config.train.checkpoint_every_steps=1",  # a save due at every step boundary
+            "--config.train.log_every_steps=100",  # the guard must not wait for a log line
+        )
+    )
+    err = capsys.readouterr().err
+    assert code == 3 and "Traceback" not in err
+    assert "stopped: 3 consecutive updates had a non-finite loss or gradient" in err
+    assert "the last good checkpoint (step 10) is intact" in err
+    trainer = created[1]
+    saved_step, saved_position, saved = final_state(workdir)
+    # Exactly three batches were drawn after step 10, and none of them changed the state.
+    position = BatchIterator(trainer.train_batches.corpus, trainer.shapes, seed=0)
+    position.set_state(saved_position)
+    for _ in range(3):
+        next(position)
+    assert trainer.train_batches.get_state() == position.get_state()
+    poisoned_state = jax.device_get(trainer.state)
+    assert int(poisoned_state.skipped_steps) == 3 and int(poisoned_state.step) == 10
+    for name in ("params", "opt_state", "dropout_rng", "step"):
+        got = jax.tree_util.tree_leaves(getattr(poisoned_state, name))
+        want = jax.tree_util.tree_leaves(getattr(good, name))
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), name
+    # The checkpoint on disk is still the one written before the non-finite updates.
+    assert finished_steps(workdir) == [5, 10] and saved_step == 10
+    assert all(
+        np.array_equal(s, g) for s, g in zip(saved, jax.tree_util.tree_leaves(good), strict=True)
+    )
+
+    # Any other stop while updates are being skipped (here a time limit, at once) writes no
+    # checkpoint either.
+    trainer.checkpoints = CheckpointManager(workdir)
+    trainer.experiment = dataclasses.replace(
+        trainer.experiment,
+        train=dataclasses.replace(
+            trainer.experiment.train, time_limit_minutes=1e-9, max_consecutive_skips=100
+        ),
+    )
+    with caplog.at_level(logging.INFO, logger="attnmt.train"):
+        assert trainer.run().stopped_because.startswith("time limit")
+    assert "no checkpoint at step 10: the last 3 updates were skipped" in caplog.text
+    assert finished_steps(workdir) == [5, 10]

@@ -11,8 +11,9 @@ from attnmt.model.transformer import Transformer
 from attnmt.train import step as steps
 from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
 
-CONFIG = ModelConfig(vocab_size=20, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8,
-                     num_layers=1, dropout_rate=0.0)
+CONFIG = ModelConfig(
+    vocab_size=20, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=1, dropout_rate=0.0
+)
 
 
 def _batch(rng, rows, length):
@@ -45,8 +46,11 @@ def test_two_micro_batches_equal_one_batch_of_both():
     grads = jax.tree_util.tree_map(jnp.add, grads_a, grads_b)
     sums = {k: sums_a[k] + sums_b[k] for k in sums_a}
     accumulated, metrics = steps.apply_gradients(optimizer, state, grads, sums, schedule)
-    for x, y in zip(jax.tree_util.tree_leaves(whole.params),
-                    jax.tree_util.tree_leaves(accumulated.params), strict=True):
+    for x, y in zip(
+        jax.tree_util.tree_leaves(whole.params),
+        jax.tree_util.tree_leaves(accumulated.params),
+        strict=True,
+    ):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(metrics["loss"]), float(whole_metrics["loss"]), rtol=1e-6)
     expected_tokens = np.count_nonzero(a["tgt_tokens"]) + np.count_nonzero(b["tgt_tokens"])
@@ -61,8 +65,11 @@ def test_non_finite_gradients_skip_the_update_and_are_counted():
     apply = functools.partial(steps.apply_gradients, optimizer)
     skipped, metrics = apply(state, poisoned, sums, schedule)
     assert int(skipped.step) == 0 and int(skipped.skipped_steps) == 1 and int(metrics["skipped"])
-    for x, y in zip(jax.tree_util.tree_leaves(skipped.params),
-                    jax.tree_util.tree_leaves(state.params), strict=True):
+    for x, y in zip(
+        jax.tree_util.tree_leaves(skipped.params),
+        jax.tree_util.tree_leaves(state.params),
+        strict=True,
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     again, _ = apply(skipped, poisoned, sums, schedule)
     assert int(again.skipped_steps) == 2

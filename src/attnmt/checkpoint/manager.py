@@ -130,7 +130,8 @@ class CheckpointManager:
         saved, wanted = _arrays(tree), _arrays(abstract_state)
         differences = [
             f"{name}: saved {_describe(saved.get(name))}, model has {_describe(wanted.get(name))}"
-            for name in sorted(saved.keys() | wanted.keys())
+            # Parameters first: the optimizer moments repeat the same differences.
+            for name in sorted(saved.keys() | wanted.keys(), key=lambda n: (n[:7] != "params/", n))
             if saved.get(name) != wanted.get(name)
         ]
         if differences:

@@ -221,9 +221,18 @@ class Trainer:
         }
 
     def _abstract_state(self) -> steps.TrainState:
+        """Shapes, dtypes and placement of the state, new or restored, without allocating it.
+
+        Placed on one device, as Orbax restores it and as `_initial_state` creates it: the
+        pre-flight compile, lowered from this, is then the very one the first step reuses.
+        """
         create = functools.partial(steps.create_train_state, self.model, self.optimizer)
         rng = jax.random.PRNGKey(self.experiment.train.seed)
-        return jax.eval_shape(create, rng, self._example())
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+            jax.eval_shape(create, rng, self._example()),
+        )
 
     def _initial_state(self, abstract: steps.TrainState) -> steps.TrainState:
         restored = self.checkpoints.restore_latest(abstract)
@@ -231,7 +240,8 @@ class Trainer:
             log.info("starting a new run in %s", self.workdir)
             create = functools.partial(steps.create_train_state, self.model, self.optimizer)
             rng = jax.random.PRNGKey(self.experiment.train.seed)
-            return jax.jit(create)(rng, self._example())
+            shardings = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
+            return jax.jit(create, out_shardings=shardings)(rng, self._example())
         step, state, data_state, _ = restored
         # The position saved with the same step: the batches after it are those the
         # uninterrupted run would have drawn next.
@@ -313,7 +323,9 @@ class Trainer:
                     else:
                         self._after_update(step, bar)
                     stopped = self._stop_reason(stop, step)
-                self._save()  # inside the handler: a second SIGTERM does not cut it short
+                # Saved and written inside the handler: a second SIGTERM cannot cut it short.
+                self._save()
+                self.checkpoints.wait()
         finally:
             # Also on errors: let a save in flight finish, so the newest checkpoint is whole.
             self.checkpoints.close()

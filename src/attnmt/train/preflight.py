@@ -26,11 +26,17 @@ from attnmt.experiment import Experiment
 
 log = logging.getLogger("attnmt.train")
 
-_GiB = 1024**3
 _CGROUP_LIMITS = (
     Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
     Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
 )
+
+
+def format_bytes(count: int) -> str:
+    """1.50 GiB, 12.3 MiB: readable at every scale from the tiny test model to Big."""
+    if count >= 1024**3:
+        return f"{count / 1024**3:.2f} GiB"
+    return f"{count / 1024**2:.1f} MiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +164,9 @@ def check_fits(
     need = (
         f"memory pre-flight: one training step on the longest bucket ({estimate.shape[0]} "
         f"sentences × {estimate.shape[1]} tokens) needs about "
-        f"{estimate.total_bytes / _GiB:.2f} GiB per device (train state "
-        f"{estimate.state_bytes / _GiB:.2f} GiB, activations, gradients and temporaries "
-        f"{estimate.other_bytes / _GiB:.2f} GiB) but {where} offers {limit_bytes / _GiB:.2f} GiB"
+        f"{format_bytes(estimate.total_bytes)} per device (train state "
+        f"{format_bytes(estimate.state_bytes)}, activations, gradients and temporaries "
+        f"{format_bytes(estimate.other_bytes)}) but {where} offers {format_bytes(limit_bytes)}"
     )
     if estimate.state_bytes >= limit_bytes:
         model = experiment.model
@@ -213,17 +219,18 @@ def memory_preflight(
         ) from None
     if limit_bytes is None:
         log.info(
-            "memory pre-flight: the train step needs about %.2f GiB per device; %s reports "
-            "no limit, so it is not checked",
-            estimate.total_bytes / _GiB,
+            "memory pre-flight: the train step needs about %s per device; %s reports no "
+            "limit, so it is not checked",
+            format_bytes(estimate.total_bytes),
             where,
         )
         return estimate
     check_fits(experiment, estimate, limit_bytes, where)
     log.info(
-        "memory pre-flight: the train step needs about %.2f GiB of %.2f GiB (%s)",
-        estimate.total_bytes / _GiB,
-        limit_bytes / _GiB,
+        "memory pre-flight: the train step on %d × %d tokens needs about %s of %s (%s)",
+        *shape,
+        format_bytes(estimate.total_bytes),
+        format_bytes(limit_bytes),
         where,
     )
     return estimate

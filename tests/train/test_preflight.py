@@ -1,0 +1,112 @@
+"""Memory pre-flight: the estimate against independent counts, and refusal with a fake limit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+from attnmt.errors import ConfigError
+from attnmt.experiment import Experiment
+from attnmt.model.param_count import count_parameters
+from attnmt.train.loop import Trainer
+from attnmt.train.preflight import device_memory_limit, estimate_train_memory, memory_preflight
+from tests.test_config import CONFIGS
+
+
+def tiny_experiment(corpus: Path, *overrides: str) -> Experiment:
+    config = load_config_file(str(CONFIGS / "tiny.py"))
+    apply_command_line_overrides(
+        config,
+        [
+            f"--config.data.src_path={corpus}/{{split}}.src",
+            f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+            "--config.data.max_length=16",
+            "--config.data.tokens_per_batch=256",
+            "--config.model.vocab_size=32",
+            "--config.model.num_layers=1",  # the checks do not depend on depth; compiles do
+            "--config.train.eval_every_steps=0",
+            *overrides,
+        ],
+    )
+    return Experiment.from_mapping(config)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    lines = [
+        " ".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 12))) for _ in range(300)
+    ]
+    (root / "train.src").write_text("\n".join(lines) + "\n")
+    (root / "train.tgt").write_text("\n".join(line[::-1] for line in lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trainer(corpus, tmp_path_factory) -> Trainer:
+    experiment = tiny_experiment(corpus, "--config.train.memory_preflight=false")
+    # The switch is honoured: even a 1-byte limit is not checked.
+    return Trainer(experiment, tmp_path_factory.mktemp("run"), memory_limit_bytes=1)
+
+
+def run_preflight(trainer: Trainer, limit: int | None):
+    abstract = trainer._abstract_state()
+    return memory_preflight(
+        trainer.experiment, trainer._train_step, trainer._grad_step, abstract, trainer.shapes, limit
+    )
+
+
+def test_estimate_counts_the_state_and_at_least_the_logits(trainer):
+    estimate = run_preflight(trainer, limit=None)
+    model = trainer.experiment.model
+    params = count_parameters(model)["total"]
+    # float32 parameters and two Adam moments; four int32 scalars (step, skip count, and the
+    # update counts of Adam and of the schedule); a uint32[2] key.
+    assert estimate.state_bytes == 3 * 4 * params + 4 * 4 + 2 * 4
+    assert estimate.shape == max(trainer.shapes, key=lambda s: s[1])
+    batch, length = estimate.shape
+    # The float32 logits [batch, length, vocab] must exist at once (and their gradient).
+    assert estimate.other_bytes >= batch * length * model.vocab_size * 4
+
+
+def test_accumulation_also_holds_the_gradient_sums(trainer):
+    abstract = trainer._abstract_state()
+    shape = trainer.shapes[-1]
+    one = estimate_train_memory(trainer._train_step, trainer._grad_step, abstract, shape, 1)
+    two = estimate_train_memory(trainer._train_step, trainer._grad_step, abstract, shape, 2)
+    params = count_parameters(trainer.experiment.model)["total"]
+    assert two.state_bytes == one.state_bytes
+    assert two.total_bytes >= two.state_bytes + 4 * params + shape[0] * shape[1] * 32 * 4
+
+
+def test_a_step_that_cannot_fit_is_refused_naming_what_to_change(trainer):
+    estimate = run_preflight(trainer, limit=None)
+    assert run_preflight(trainer, limit=estimate.total_bytes) == estimate
+    with pytest.raises(ConfigError) as info:
+        run_preflight(trainer, limit=estimate.total_bytes - 1)
+    message = str(info.value)
+    for key in ("data.tokens_per_batch (now 256;", "train.grad_accum_steps (now 1;"):
+        assert key in message
+    assert "model.d_model=32" in message and "may fit" in message
+    assert "train.memory_preflight=false" in message
+    with pytest.raises(ConfigError, match="Adam moments alone do not fit"):
+        run_preflight(trainer, limit=estimate.state_bytes - 1)
+
+
+def test_the_trainer_refuses_before_any_step(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="memory pre-flight: one training step"):
+        Trainer(tiny_experiment(corpus), tmp_path, memory_limit_bytes=100_000)
+    assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
+
+
+def test_cpu_limit_is_at_most_the_physical_memory():
+    limit, where = device_memory_limit()
+    assert where == "host memory (CPU)" and limit is not None and limit > 0
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        total_kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
+        assert limit <= total_kib * 1024
