@@ -14,6 +14,7 @@ from attnmt.data.config import DataConfig
 from attnmt.decode.config import DecodeConfig
 from attnmt.errors import ConfigError
 from attnmt.model.config import ModelConfig
+from attnmt.parallel.config import ParallelConfig
 from attnmt.train.config import TrainConfig
 from attnmt.train.optim import OptimConfig
 from attnmt.variants import variant_overrides
@@ -24,6 +25,7 @@ SECTIONS = {
     "optim": OptimConfig,
     "train": TrainConfig,
     "decode": DecodeConfig,
+    "parallel": ParallelConfig,
 }
 
 

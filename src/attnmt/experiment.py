@@ -11,6 +11,7 @@ from attnmt.data.config import DataConfig
 from attnmt.decode.config import DecodeConfig
 from attnmt.errors import ConfigError
 from attnmt.model.config import ModelConfig
+from attnmt.parallel.config import ParallelConfig
 from attnmt.train.config import TrainConfig
 from attnmt.train.optim import OptimConfig
 
@@ -22,6 +23,7 @@ class Experiment:
     optim: OptimConfig
     train: TrainConfig
     decode: DecodeConfig
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Experiment:
@@ -39,6 +41,7 @@ class Experiment:
             "optim": OptimConfig,
             "train": TrainConfig,
             "decode": DecodeConfig,
+            "parallel": ParallelConfig,
         }
         parts = {name: from_mapping(types[name], config.get(name, {}), name) for name in types}
         experiment = cls(**parts)

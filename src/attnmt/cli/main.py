@@ -31,7 +31,10 @@ def _experiment(args: argparse.Namespace, overrides: Sequence[str]):
 
 def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     experiment = _experiment(args, overrides)
+    from attnmt.parallel.distributed import initialize
     from attnmt.train.loop import train
+
+    initialize()  # joins a multi-process job described by the environment, if any
 
     result = train(experiment, args.workdir)
     print(f"stopped at step {result.step}: {result.stopped_because}")

@@ -82,6 +82,37 @@ def put_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
     }
 
 
+class RuledJit:
+    """jax.jit with explicit shardings, traced under the mesh and the logical rules so the
+    model's activation annotations become sharding constraints. Callable, and `lower()`
+    works as on a jitted function (the memory pre-flight compiles through it)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        mesh: Mesh,
+        *,
+        in_shardings: Any,
+        out_shardings: Any,
+        donate_argnums: tuple[int, ...] = (),
+    ) -> None:
+        self.mesh = mesh
+        self._jitted = jax.jit(
+            fn,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            donate_argnums=donate_argnums,
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(LOGICAL_RULES):
+            return self._jitted(*args)
+
+    def lower(self, *args: Any) -> Any:
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(LOGICAL_RULES):
+            return self._jitted.lower(*args)
+
+
 def jit_with_rules(
     fn: Callable[..., Any],
     mesh: Mesh,
@@ -89,18 +120,26 @@ def jit_with_rules(
     in_shardings: Any,
     out_shardings: Any,
     donate_argnums: tuple[int, ...] = (),
-) -> Callable[..., Any]:
-    """jax.jit with explicit shardings, traced under the mesh and the logical rules so the
-    model's activation annotations become sharding constraints."""
-    jitted = jax.jit(
+) -> RuledJit:
+    return RuledJit(
         fn,
+        mesh,
         in_shardings=in_shardings,
         out_shardings=out_shardings,
         donate_argnums=donate_argnums,
     )
 
-    def call(*args: Any) -> Any:
-        with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
-            return jitted(*args)
 
-    return call
+def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+    """The shardings of a training batch dict."""
+    return {name: batch_sharding(mesh) for name in ("src_tokens", "tgt_tokens")}
+
+
+def abstract_with_shardings(boxed_abstract: Any, mesh: Mesh) -> Any:
+    """eval_shape output with logical boxes → unboxed ShapeDtypeStructs carrying shardings."""
+    shardings = nn.meta.unbox(logical_shardings(boxed_abstract, mesh))
+    return jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        nn.meta.unbox(boxed_abstract),
+        shardings,
+    )

@@ -14,6 +14,7 @@ class TrainConfig:
     time_limit_minutes: float = 0.0  # stop (with a checkpoint) after this long; 0 = none
     label_smoothing: float = 0.1  # §5.4 ε_ls
     grad_accum_steps: int = 1  # micro-batches per update, to reach ≈25k tokens on few devices
+    max_tokens_per_device: int = 0  # >0: raise grad_accum_steps so no device sees more
     log_every_steps: int = 100
     eval_every_steps: int = 1000  # validation loss; 0 = never
     bleu_every_steps: int = 0  # beam-search BLEU on the eval split (decode.*); 0 = never
@@ -36,6 +37,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
         for name in (
+            "max_tokens_per_device",
             "time_limit_minutes",
             "eval_every_steps",
             "checkpoint_every_steps",

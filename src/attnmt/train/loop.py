@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import signal
 import time
 from pathlib import Path
@@ -24,6 +25,15 @@ from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
 from attnmt.model.transformer import Transformer
+from attnmt.parallel.budget import plan_batches
+from attnmt.parallel.mesh import DATA, FSDP, make_mesh
+from attnmt.parallel.sharding import (
+    abstract_with_shardings,
+    batch_shardings,
+    jit_with_rules,
+    put_batch,
+    replicated,
+)
 from attnmt.train import step as steps
 from attnmt.train.metrics import MetricsSink, progress_bar
 from attnmt.train.optim import make_optimizer, paper_schedule
@@ -84,14 +94,15 @@ class _StopSignal:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def _shapes(experiment: Experiment, tokens: int) -> list[tuple[int, int]]:
+def _shapes(experiment: Experiment, tokens: int, batch_shards: int) -> list[tuple[int, int]]:
     data = experiment.data
     try:
         return bucket_shapes(
             data.max_length,
             tokens,
             min_length=data.min_bucket_length,
-            batch_multiple=data.batch_multiple,
+            # Every device (and every process) gets the same number of whole sentences.
+            batch_multiple=math.lcm(data.batch_multiple, batch_shards),
         )
     except ValueError as error:
         raise ConfigError(f"data.tokens_per_batch / data.max_length: {error}") from None
@@ -141,8 +152,12 @@ class Trainer:
         self.experiment = experiment
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "config.json").write_text(json.dumps(experiment.to_dict(), indent=2))
         cfg = experiment
+        if jax.process_index() == 0:
+            (self.workdir / "config.json").write_text(json.dumps(experiment.to_dict(), indent=2))
+            ensure_vocab(cfg.data, cfg.model.vocab_size, self.workdir)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("attnmt vocabulary ready")
         tokenizer = ensure_vocab(cfg.data, cfg.model.vocab_size, self.workdir)
         if tokenizer.vocab_size > cfg.model.vocab_size:
             raise ConfigError(
@@ -154,17 +169,33 @@ class Trainer:
             cfg.data, vocab_file, tokenizer, cfg.data.train_split, self.workdir
         )
         log.info("training pairs %s", _usable(cfg, cfg.data.train_split, stats))
-        per_micro_batch = cfg.data.tokens_per_batch // cfg.train.grad_accum_steps
-        self.shapes = _shapes(cfg, per_micro_batch)
+        self.mesh = make_mesh(cfg.parallel)
+        batch_shards = self.mesh.shape[DATA] * self.mesh.shape[FSDP]
+        plan = plan_batches(
+            cfg.data.tokens_per_batch,
+            batch_shards,
+            cfg.train.max_tokens_per_device,
+            cfg.train.grad_accum_steps,
+        )
+        self.accumulation_steps = plan.accumulation_steps
+        per_micro_batch = plan.micro_batch_tokens
+        log.info(
+            "mesh %s over %d device(s); %s", dict(self.mesh.shape), self.mesh.size, plan.describe()
+        )
+        self.shapes = _shapes(cfg, per_micro_batch, batch_shards)
         log.info("bucket shapes (batch, length): %s", self.shapes)
-        self.train_batches = BatchIterator(train_corpus, self.shapes, seed=cfg.train.seed)
+        # Each process reads only its rows of every global batch.
+        shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
+        self.train_batches = BatchIterator(train_corpus, self.shapes, seed=cfg.train.seed, **shard)
         self.eval_corpus: TokenizedCorpus | None = None
         if cfg.train.eval_every_steps and cfg.data.eval_split:
             self.eval_corpus, eval_stats = tokenized_split(
                 cfg.data, vocab_file, tokenizer, cfg.data.eval_split, self.workdir
             )
             log.info("evaluation pairs %s", _usable(cfg, cfg.data.eval_split, eval_stats))
-            self.eval_shapes = _shapes(cfg, cfg.data.eval_tokens_per_batch or per_micro_batch)
+            self.eval_shapes = _shapes(
+                cfg, cfg.data.eval_tokens_per_batch or per_micro_batch, batch_shards
+            )
 
         self.bleu_pairs: list[tuple[str, str]] = []
         if cfg.train.bleu_every_steps and cfg.data.eval_split:
@@ -172,46 +203,67 @@ class Trainer:
             self.bleu_pairs = pairs[: cfg.train.bleu_max_sentences or None]
             self.translator = Translator([cfg.model], [None], tokenizer, cfg.decode)
 
-        self._compile_steps()
+        self._build_model()
+        abstract = self._abstract_state()
+        self._compile_steps(abstract)
         # The trainer is the only writer, so it may delete saves a killed run left unfinished.
         self.checkpoints = CheckpointManager(
             self.workdir, keep=cfg.train.keep_checkpoints, clean_up_unfinished=True
         )
         self.metrics = MetricsSink(self.workdir, enabled=jax.process_index() == 0)
-        abstract = self._abstract_state()
         if cfg.train.memory_preflight:
             memory_preflight(
                 cfg, self._train_step, self._grad_step, abstract, self.shapes, memory_limit_bytes
             )
         self.state = self._initial_state(abstract)
 
-    def _compile_steps(self) -> None:
+    def _build_model(self) -> None:
         cfg = self.experiment
         self.model = Transformer(cfg.model)
         self.learning_rate = paper_schedule(
             cfg.model.d_model, cfg.optim.warmup_steps, cfg.optim.learning_rate_scale
         )
         self.optimizer = make_optimizer(cfg.optim, cfg.model.d_model)
-        smoothing = cfg.train.label_smoothing
-        self._train_step = jax.jit(
+
+    def _compile_steps(self, abstract: steps.TrainState) -> None:
+        """Steps jitted with explicit shardings: the state's from the logical rules, batches
+        split over data × fsdp, metrics replicated. A parallelism change is a mesh change."""
+        mesh, smoothing = self.mesh, self.experiment.train.label_smoothing
+        state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
+        params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
+        self._train_step = jit_with_rules(
             functools.partial(
                 steps.train_step, self.model, self.optimizer, self.learning_rate, smoothing
             ),
+            mesh,
+            in_shardings=(state_sh, batch_sh),
+            out_shardings=(state_sh, scalar),
             donate_argnums=(0,),
         )
-        self._grad_step = jax.jit(
+        self._grad_step = jit_with_rules(
             lambda params, batch, rng: steps.compute_gradients(
                 self.model, params, batch, rng, smoothing
-            )
+            ),
+            mesh,
+            in_shardings=(params_sh, batch_sh, scalar),
+            out_shardings=(params_sh, scalar),
         )
-        self._apply = jax.jit(
+        self._apply = jit_with_rules(
             lambda state, grads, sums: steps.apply_gradients(
                 self.optimizer, state, grads, sums, self.learning_rate
             ),
+            mesh,
+            in_shardings=(state_sh, params_sh, scalar),
+            out_shardings=(state_sh, scalar),
             donate_argnums=(0,),
         )
         self._add = jax.jit(lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b))
-        self._eval_step = jax.jit(functools.partial(steps.eval_step, self.model, smoothing))
+        self._eval_step = jit_with_rules(
+            functools.partial(steps.eval_step, self.model, smoothing),
+            mesh,
+            in_shardings=(params_sh, batch_sh),
+            out_shardings=scalar,
+        )
 
     def _example(self) -> dict[str, np.ndarray]:
         batch_size, length = self.shapes[0]
@@ -221,18 +273,17 @@ class Trainer:
         }
 
     def _abstract_state(self) -> steps.TrainState:
-        """Shapes, dtypes and placement of the state, new or restored, without allocating it.
+        """Shapes, dtypes and shardings of the state, new or restored, without allocating it.
 
-        Placed on one device, as Orbax restores it and as `_initial_state` creates it: the
-        pre-flight compile, lowered from this, is then the very one the first step reuses.
+        The shardings come from the model's logical axes and the mesh; Orbax restores into
+        them (whatever mesh the checkpoint was written on) and `_initial_state` creates the
+        state directly in them, so the pre-flight compile is the one the first step reuses.
         """
-        create = functools.partial(steps.create_train_state, self.model, self.optimizer)
-        rng = jax.random.PRNGKey(self.experiment.train.seed)
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-            jax.eval_shape(create, rng, self._example()),
+        create = functools.partial(
+            steps.create_train_state, self.model, self.optimizer, unbox=False
         )
+        rng = jax.random.PRNGKey(self.experiment.train.seed)
+        return abstract_with_shardings(jax.eval_shape(create, rng, self._example()), self.mesh)
 
     def _initial_state(self, abstract: steps.TrainState) -> steps.TrainState:
         restored = self.checkpoints.restore_latest(abstract)
@@ -249,7 +300,7 @@ class Trainer:
         log.info("resumed from checkpoint step %d in %s", step, self.workdir)
         return state
 
-    def _one_update(self, batches: list[dict[str, np.ndarray]]) -> dict[str, jax.Array]:
+    def _one_update(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
         if len(batches) == 1:
             self.state, metrics = self._train_step(self.state, batches[0])
             return metrics
@@ -270,11 +321,17 @@ class Trainer:
         """Loss, perplexity and accuracy on the whole evaluation split (no dropout)."""
         assert self.eval_corpus is not None
         batches = BatchIterator(
-            self.eval_corpus, self.eval_shapes, seed=0, shuffle=False, repeat=False
+            self.eval_corpus,
+            self.eval_shapes,
+            seed=0,
+            shuffle=False,
+            repeat=False,
+            shard_index=jax.process_index(),
+            shard_count=jax.process_count(),
         )
         totals: dict[str, Any] = {}
         for batch in batches:
-            sums = self._eval_step(self.state.params, batch)
+            sums = self._eval_step(self.state.params, put_batch(batch, self.mesh))
             totals = sums if not totals else {k: totals[k] + sums[k] for k in totals}
         summary = steps.summarize(totals)
         return {k: float(v) for k, v in jax.device_get(summary).items()}
@@ -340,8 +397,8 @@ class Trainer:
 
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update; returns (updates applied, consecutive updates skipped)."""
-        batches = [next(self.train_batches) for _ in range(self.experiment.train.grad_accum_steps)]
-        self._window.add(batches, self._one_update(batches))
+        batches = [next(self.train_batches) for _ in range(self.accumulation_steps)]
+        self._window.add(batches, self._one_update([put_batch(b, self.mesh) for b in batches]))
         # One small host sync per update: the non-finite guard and every step boundary
         # (checkpoint, SIGTERM) must see each update, not only those at logging intervals.
         step, consecutive = jax.device_get((self.state.step, self.state.skipped_steps))
