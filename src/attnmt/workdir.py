@@ -30,7 +30,11 @@ class LoadedRun:
 
 
 def abstract_train_state(experiment: Experiment) -> steps.TrainState:
-    """Shapes and dtypes of the train state, without allocating it."""
+    """Shapes and dtypes of the train state, placed on this process's first device.
+
+    Naming the placement lets Orbax restore a checkpoint written on any mesh or number of
+    processes (inference needs no sharding).
+    """
     model = Transformer(experiment.model)
     optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
     example = {
@@ -38,7 +42,11 @@ def abstract_train_state(experiment: Experiment) -> steps.TrainState:
         "tgt_tokens": np.zeros((1, 8), np.int32),
     }
     create = functools.partial(steps.create_train_state, model, optimizer)
-    return jax.eval_shape(create, jax.random.PRNGKey(0), example)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree_util.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+        jax.eval_shape(create, jax.random.PRNGKey(0), example),
+    )
 
 
 def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
