@@ -18,11 +18,14 @@ class ParallelConfig:
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    num_devices: int = 0  # use only the first N devices of the job; 0 = all of them
 
     def __post_init__(self) -> None:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if size == 0 or size < -1:
                 raise ConfigError(f"parallel.{name} must be a positive size or -1, got {size}")
+        if self.num_devices < 0:
+            raise ConfigError(f"parallel.num_devices must be ≥ 0, got {self.num_devices}")
         if sum(size == -1 for size in sizes.values()) > 1:
             raise ConfigError("at most one of parallel.data/fsdp/tensor may be -1")

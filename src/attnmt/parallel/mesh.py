@@ -38,6 +38,12 @@ def mesh_shape(config: ParallelConfig, device_count: int) -> tuple[int, int, int
 
 def make_mesh(config: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
+    if config.num_devices:
+        if config.num_devices > len(devices):
+            raise ConfigError(
+                f"parallel.num_devices={config.num_devices} but only {len(devices)} are present"
+            )
+        devices = devices[: config.num_devices]
     shape = mesh_shape(config, len(devices))
     if devices and devices[0].platform in ("tpu", "gpu", "cuda", "rocm"):
         # Topology-aware order (rings along the fast interconnect).
