@@ -119,3 +119,33 @@ def shrink_for_cpu(config: ml_collections.ConfigDict) -> None:
             "train.checkpoint_every_steps": 100,
         },
     )
+
+
+WMT14 = {
+    # pair: (TFDS name, target language, vocabulary size, sentencepiece model) — §5.1
+    "en-de": ("wmt14_translate/de-en", "de", 37_000, "bpe"),  # shared BPE
+    "en-fr": ("wmt14_translate/fr-en", "fr", 32_000, "unigram"),  # word pieces
+}
+
+
+def wmt14_config(pair: str, arg: str | None) -> ml_collections.ConfigDict:
+    """WMT 2014 English→German or English→French with the paper's variants (§5.1, Table 3).
+
+    `arg`: variant = base | big | A1..E, runlocal = true (shrink for a CPU smoke run).
+    """
+    args = parse_config_arg(arg, variant="base", runlocal=False)
+    name, target, vocab_size, model_type = WMT14[pair]
+    config = base_config()
+    config.data.source = "tfds"
+    config.data.tfds_name = name
+    config.data.src_lang = "en"
+    config.data.tgt_lang = target
+    config.data.train_split = "train"
+    config.data.eval_split = "validation"  # newstest2013, the Table 3 dev set
+    config.data.test_split = "test"  # newstest2014
+    config.model.vocab_size = vocab_size
+    config.data.vocab_model_type = model_type
+    apply_variant(config, args["variant"], pair)
+    if args["runlocal"]:
+        shrink_for_cpu(config)
+    return config
