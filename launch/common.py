@@ -323,3 +323,34 @@ def main_guard(main: Callable[[list[str] | None], int], argv: list[str] | None =
     except LaunchError as error:
         print(f"launch: error: {error}", file=sys.stderr)
         return 2
+
+
+def single_run_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str | None,
+    add_launcher_arguments: Callable[[argparse.ArgumentParser], None],
+    commands_for_run: Callable[[Run, argparse.Namespace], list[Command]],
+    tool: str,
+    purpose: str,
+    program: str = "attnmt",
+) -> int:
+    """The command line shared by launchers that submit one run (GKE, SLURM): parse, build
+    the commands, then print them (--dry-run) or check the cloud tool and execute them."""
+
+    def inner(inner_argv: list[str] | None) -> int:
+        rest, overrides = split_overrides(sys.argv[1:] if inner_argv is None else inner_argv)
+        parser = argparse.ArgumentParser(
+            prog=prog, description=description, formatter_class=argparse.RawTextHelpFormatter
+        )
+        add_run_arguments(parser, program)
+        add_launcher_arguments(parser)
+        add_dry_run_argument(parser)
+        args = parser.parse_args(rest)
+        commands = commands_for_run(run_from_args(args, overrides), args)
+        if not args.dry_run:
+            require_tool(tool, purpose)
+        return execute(commands, args.dry_run)
+
+    return main_guard(inner, argv)

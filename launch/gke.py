@@ -33,16 +33,10 @@ from launch.common import (
     Command,
     LaunchError,
     Run,
-    add_dry_run_argument,
-    add_run_arguments,
     command,
-    execute,
-    main_guard,
     parse_env,
-    require_tool,
-    run_from_args,
+    single_run_main,
     slug,
-    split_overrides,
 )
 
 TOOL = "kubectl"
@@ -190,23 +184,17 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace-seconds", type=int, default=120)
 
 
-def _main(argv: list[str] | None) -> int:
-    rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="launch/gke.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    add_run_arguments(parser, DEFAULT_PROGRAM)
-    add_launcher_arguments(parser)
-    add_dry_run_argument(parser)
-    args = parser.parse_args(rest)
-    commands = commands_for_run(run_from_args(args, overrides), args)
-    if not args.dry_run:
-        require_tool(TOOL, "submit the JobSet to the cluster")
-    return execute(commands, args.dry_run)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return main_guard(_main, argv)
+    return single_run_main(
+        argv,
+        prog="launch/gke.py",
+        description=__doc__,
+        add_launcher_arguments=add_launcher_arguments,
+        commands_for_run=commands_for_run,
+        tool=TOOL,
+        purpose="submit the JobSet to the cluster",
+        program=DEFAULT_PROGRAM,
+    )
 
 
 if __name__ == "__main__":

@@ -26,15 +26,9 @@ if __package__ in (None, ""):  # run as `python launch/slurm.py`: make `launch` 
 from launch.common import (
     Command,
     Run,
-    add_dry_run_argument,
-    add_run_arguments,
     command,
-    execute,
-    main_guard,
     parse_env,
-    require_tool,
-    run_from_args,
-    split_overrides,
+    single_run_main,
 )
 
 TOOL = "sbatch"
@@ -124,23 +118,17 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE to export")
 
 
-def _main(argv: list[str] | None) -> int:
-    rest, overrides = split_overrides(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="launch/slurm.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    add_run_arguments(parser, DEFAULT_PROGRAM)
-    add_launcher_arguments(parser)
-    add_dry_run_argument(parser)
-    args = parser.parse_args(rest)
-    commands = commands_for_run(run_from_args(args, overrides), args)
-    if not args.dry_run:
-        require_tool(TOOL, "submit the batch job")
-    return execute(commands, args.dry_run)
-
-
 def main(argv: list[str] | None = None) -> int:
-    return main_guard(_main, argv)
+    return single_run_main(
+        argv,
+        prog="launch/slurm.py",
+        description=__doc__,
+        add_launcher_arguments=add_launcher_arguments,
+        commands_for_run=commands_for_run,
+        tool=TOOL,
+        purpose="submit the batch job",
+        program=DEFAULT_PROGRAM,
+    )
 
 
 if __name__ == "__main__":
