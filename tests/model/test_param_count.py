@@ -9,7 +9,7 @@ from attnmt.variants import TABLE3
 from tests.test_config import CONFIGS
 
 
-def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0):
+def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False):
     attention = d * h * d_k * 2 + d * h * d_v + h * d_v * d  # W^Q, W^K, W^V, W^O (no biases)
     ffn = d * d_ff + d_ff + d_ff * d + d  # W1, b1, W2, b2
     norm = 2 * d  # gain and bias
@@ -17,7 +17,8 @@ def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0):
     decoder_layer = 2 * attention + ffn + 3 * norm
     embedding = vocab * d  # shared by both stacks and the pre-softmax projection
     positions = 2 * learned_positions * d  # one learned table per stack (row E)
-    return embedding + n * (encoder_layer + decoder_layer) + positions
+    final_norms = 2 * norm if pre_norm else 0  # pre-norm closes each stack with a LayerNorm
+    return embedding + n * (encoder_layer + decoder_layer) + positions + final_norms
 
 
 @pytest.mark.parametrize("variant", ["base", "big", *TABLE3])
@@ -43,3 +44,14 @@ def test_base_model_is_the_papers_size():
     total = count_parameters(Experiment.from_mapping(config).model)["total"]
     # 37k shared vocabulary: 18.9M embedding + 44.1M in the stacks.
     assert total == closed_form(512, 2048, 8, 64, 64, 6, 37_000) == 63_045_632
+
+
+@pytest.mark.parametrize("pair", ["en-de", "en-fr"])
+def test_multi30k_recipe_count_matches_formula(pair):
+    config = load_config_file(str(CONFIGS / f"multi30k.py:pair={pair}"))
+    m = Experiment.from_mapping(config).model
+    expected = closed_form(
+        m.d_model, m.d_ff, m.num_heads, m.d_k, m.d_v, m.num_layers, m.vocab_size,
+        pre_norm=m.norm_position == "pre",
+    )
+    assert count_parameters(m)["total"] == expected

@@ -111,10 +111,15 @@ def test_one_embedding_matrix_serves_source_target_and_output():
     assert np.abs(grad[13]).sum() > 0
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+@pytest.mark.parametrize(
+    "positional,norm_position",
+    [("sinusoidal", "post"), ("learned", "post"), ("sinusoidal", "pre")],
+)
 @pytest.mark.parametrize("length", [1, 4, 9])
-def test_incremental_decoding_equals_teacher_forcing(positional, length):
-    config = ModelConfig(**{**CONFIG.__dict__, "positional": positional})
+def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, length):
+    config = ModelConfig(
+        **{**CONFIG.__dict__, "positional": positional, "norm_position": norm_position}
+    )
     model, params = _init(config)
     rng = np.random.default_rng(length)
     src = _tokens(rng, 3, 5).at[1, 3:].set(PAD_ID)

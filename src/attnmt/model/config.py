@@ -18,6 +18,7 @@ NUM_SPECIAL_TOKENS = 4
 
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]
+NormPosition = Literal["post", "pre"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,10 @@ class ModelConfig:
     max_length: int = 256  # longest position a learned embedding covers
     share_embeddings: bool = True  # §3.4: one matrix for source, target and pre-softmax
     dtype: DType = "float32"  # compute dtype; parameters always stay float32
+    # "post" is §3.1's LayerNorm(x + Sublayer(x)); "pre" is x + Sublayer(LayerNorm(x)) with a
+    # final LayerNorm per stack (tensor2tensor's later default): same parameters plus two
+    # norms, and it trains faster early on, which matters when compute is scarce.
+    norm_position: NormPosition = "post"
 
     def __post_init__(self) -> None:
         for name in (
@@ -68,6 +73,10 @@ class ModelConfig:
         if self.positional not in ("sinusoidal", "learned"):
             raise ConfigError(
                 f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}"
+            )
+        if self.norm_position not in ("post", "pre"):
+            raise ConfigError(
+                f"model.norm_position must be 'post' or 'pre', got {self.norm_position!r}"
             )
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")

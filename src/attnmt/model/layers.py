@@ -279,7 +279,7 @@ class FeedForward(nn.Module):
         return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=1e-6,
         dtype=compute_dtype(config),

@@ -49,16 +49,26 @@ class DecodePosition(nn.Module):
 
 
 class Residual(nn.Module):
-    """§5.4 post-norm sub-layer wrapper: LayerNorm(x + Dropout(Sublayer(x)))."""
+    """One sub-layer's normalisation, dropout and residual connection (§3.1, §5.4).
+
+    post-norm (the paper): `LayerNorm(x + Dropout(Sublayer(x)))`, `sublayer_input` is x;
+    pre-norm: `x + Dropout(Sublayer(LayerNorm(x)))`, `sublayer_input` is LayerNorm(x).
+    """
 
     config: ModelConfig
 
-    @nn.compact
+    def setup(self) -> None:
+        self.norm = layer_norm(self.config)
+        self.dropout = nn.Dropout(rate=self.config.dropout_rate)
+
+    def sublayer_input(self, x: jax.Array) -> jax.Array:
+        return self.norm(x) if self.config.norm_position == "pre" else x
+
     def __call__(self, x: jax.Array, sublayer_output: jax.Array, *, train: bool) -> jax.Array:
-        dropped = nn.Dropout(rate=self.config.dropout_rate)(
-            sublayer_output, deterministic=not train
-        )
-        return layer_norm(self.config, "norm")(x + dropped)
+        dropped = self.dropout(sublayer_output, deterministic=not train)
+        if self.config.norm_position == "pre":
+            return x + dropped
+        return self.norm(x + dropped)
 
 
 class EncoderLayer(nn.Module):
@@ -66,10 +76,13 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array, *, train: bool) -> jax.Array:
-        attended = MultiHeadAttention(self.config, name="self_attention")(x, x, mask, train=train)
-        x = Residual(self.config, name="self_attention_residual")(x, attended, train=train)
-        fed = FeedForward(self.config, name="ffn")(x)
-        return Residual(self.config, name="ffn_residual")(x, fed, train=train)
+        residual = Residual(self.config, name="self_attention_residual")
+        h = residual.sublayer_input(x)
+        attended = MultiHeadAttention(self.config, name="self_attention")(h, h, mask, train=train)
+        x = residual(x, attended, train=train)
+        residual = Residual(self.config, name="ffn_residual")
+        fed = FeedForward(self.config, name="ffn")(residual.sublayer_input(x))
+        return residual(x, fed, train=train)
 
 
 class DecoderLayer(nn.Module):
@@ -88,16 +101,20 @@ class DecoderLayer(nn.Module):
         max_decode_len: int,
     ) -> jax.Array:
         cfg = self.config
+        residual = Residual(cfg, name="self_attention_residual")
+        h = residual.sublayer_input(x)
         attended = MultiHeadAttention(cfg, name="self_attention")(
-            x, x, self_mask, train=train, decode=decode, max_decode_len=max_decode_len
+            h, h, self_mask, train=train, decode=decode, max_decode_len=max_decode_len
         )
-        x = Residual(cfg, name="self_attention_residual")(x, attended, train=train)
+        x = residual(x, attended, train=train)
+        residual = Residual(cfg, name="cross_attention_residual")
         attended = MultiHeadAttention(cfg, static_kv=True, name="cross_attention")(
-            x, encoded, cross_mask, train=train, decode=decode
+            residual.sublayer_input(x), encoded, cross_mask, train=train, decode=decode
         )
-        x = Residual(cfg, name="cross_attention_residual")(x, attended, train=train)
-        fed = FeedForward(cfg, name="ffn")(x)
-        return Residual(cfg, name="ffn_residual")(x, fed, train=train)
+        x = residual(x, attended, train=train)
+        residual = Residual(cfg, name="ffn_residual")
+        fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
+        return residual(x, fed, train=train)
 
 
 class Transformer(nn.Module):
@@ -123,6 +140,10 @@ class Transformer(nn.Module):
             DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
         ]
         self.embedding_dropout = nn.Dropout(rate=cfg.dropout_rate)
+        if cfg.norm_position == "pre":
+            # Pre-norm leaves each stack's output un-normalised; one LayerNorm closes it.
+            self.encoder_norm = layer_norm(cfg)
+            self.decoder_norm = layer_norm(cfg)
         self.decode_position = DecodePosition()
 
     def _embed(
@@ -139,6 +160,8 @@ class Transformer(nn.Module):
         mask = padding_mask(src_tokens, src_tokens)
         for layer in self.encoder_layers:
             x = layer(x, mask, train=train)
+        if self.config.norm_position == "pre":
+            x = self.encoder_norm(x)
         return x
 
     def decode(
@@ -175,6 +198,8 @@ class Transformer(nn.Module):
                 decode=decode,
                 max_decode_len=max_decode_len,
             )
+        if self.config.norm_position == "pre":
+            x = self.decoder_norm(x)
         logits = self.embed.attend(x).astype(jnp.float32)
         return constrain(logits, (axes.BATCH, axes.LENGTH, axes.VOCAB))
 

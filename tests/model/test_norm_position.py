@@ -1,0 +1,103 @@
+"""The encoder stack, post-norm (§3.1) and pre-norm, against a NumPy float64 composition."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnmt.model.config import PAD_ID, ModelConfig
+from attnmt.model.transformer import Transformer
+from tests.model import reference
+
+CONFIG = ModelConfig(
+    vocab_size=20, d_model=12, d_ff=24, num_heads=3, d_k=4, d_v=5, num_layers=2, dropout_rate=0.0
+)
+
+
+def _layer_norm(x, p):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-6) * np.float64(p["scale"]) + np.float64(p["bias"])
+
+
+def _ffn(x, p):
+    hidden = np.maximum(0.0, x @ np.float64(p["wi"]["kernel"]) + np.float64(p["wi"]["bias"]))
+    return hidden @ np.float64(p["wo"]["kernel"]) + np.float64(p["wo"]["bias"])
+
+
+def _sinusoids(length, d):
+    pos = np.arange(length)[:, None]
+    angle = pos / 10000 ** (2 * np.arange(d // 2)[None, :] / d)
+    table = np.zeros((length, d))
+    table[:, 0::2], table[:, 1::2] = np.sin(angle), np.cos(angle)
+    return table
+
+
+def _encode_numpy(params, tokens, norm_position):
+    embedding = np.float64(params["embed"]["embedding"])
+    x = embedding[tokens] * np.sqrt(CONFIG.d_model) + _sinusoids(tokens.shape[1], CONFIG.d_model)
+    mask = (tokens != PAD_ID)[:, None, None, :]
+    for i in range(CONFIG.num_layers):
+        layer = params[f"encoder_{i}"]
+        sublayers = (
+            (
+                "self_attention_residual",
+                lambda h, layer=layer: reference.multi_head(h, h, layer["self_attention"], mask),
+            ),
+            ("ffn_residual", lambda h, layer=layer: _ffn(h, layer["ffn"])),
+        )
+        for norm_name, sublayer in sublayers:
+            norm = layer[norm_name]["norm"]
+            if norm_position == "post":
+                x = _layer_norm(x + sublayer(x), norm)  # LayerNorm(x + Sublayer(x))
+            else:
+                x = x + sublayer(_layer_norm(x, norm))  # x + Sublayer(LayerNorm(x))
+    if norm_position == "pre":
+        x = _layer_norm(x, params["encoder_norm"])
+    return x
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_encoder_matches_the_numpy_composition(norm_position):
+    config = ModelConfig(**{**CONFIG.__dict__, "norm_position": norm_position})
+    model = Transformer(config)
+    tokens = np.array([[5, 6, 7, 8, 9], [10, 11, 12, PAD_ID, PAD_ID]])
+    variables = model.init(jax.random.PRNGKey(3), jnp.asarray(tokens), jnp.asarray(tokens))
+    params = nn.meta.unbox(variables["params"])
+    # Non-trivial gains and biases, so a norm applied in the wrong place shows.
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: (
+            leaf + 0.3 * rng.normal(size=leaf.shape).astype(np.float32)
+            if any(getattr(k, "key", "") in ("scale", "bias") for k in path)
+            else leaf
+        ),
+        params,
+    )
+    got = model.apply({"params": params}, jnp.asarray(tokens), method=Transformer.encode)
+    expected = _encode_numpy(jax.tree_util.tree_map(np.asarray, params), tokens, norm_position)
+    real = tokens != PAD_ID
+    np.testing.assert_allclose(np.asarray(got)[real], expected[real], rtol=1e-4, atol=1e-4)
+
+
+def test_pre_norm_adds_one_final_norm_per_stack_and_nothing_else():
+    post = nn.meta.unbox(
+        jax.eval_shape(
+            Transformer(CONFIG).init,
+            jax.random.PRNGKey(0),
+            jnp.ones((1, 3), int),
+            jnp.ones((1, 3), int),
+        )
+    )["params"]
+    config = ModelConfig(**{**CONFIG.__dict__, "norm_position": "pre"})
+    pre = nn.meta.unbox(
+        jax.eval_shape(
+            Transformer(config).init,
+            jax.random.PRNGKey(0),
+            jnp.ones((1, 3), int),
+            jnp.ones((1, 3), int),
+        )
+    )["params"]
+    assert set(pre) - set(post) == {"encoder_norm", "decoder_norm"}
+    assert set(post) <= set(pre)
