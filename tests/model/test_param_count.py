@@ -51,7 +51,13 @@ def test_multi30k_recipe_count_matches_formula(pair):
     config = load_config_file(str(CONFIGS / f"multi30k.py:pair={pair}"))
     m = Experiment.from_mapping(config).model
     expected = closed_form(
-        m.d_model, m.d_ff, m.num_heads, m.d_k, m.d_v, m.num_layers, m.vocab_size,
+        m.d_model,
+        m.d_ff,
+        m.num_heads,
+        m.d_k,
+        m.d_v,
+        m.num_layers,
+        m.vocab_size,
         pre_norm=m.norm_position == "pre",
     )
     assert count_parameters(m)["total"] == expected
