@@ -24,6 +24,9 @@ class TrainConfig:
     keep_checkpoints: int = 20  # enough to average the last 20 (big)
     max_consecutive_skips: int = 20  # non-finite updates in a row before the run stops
     memory_preflight: bool = True  # refuse, before training, a step that cannot fit in memory
+    # Dropout's random bits: "threefry" (identical on every mesh) or "rbg" (XLA's
+    # RngBitGenerator: cheaper per bit, deterministic per key, may differ across meshes).
+    dropout_rng: str = "threefry"
 
     def __post_init__(self) -> None:
         positive = (
@@ -48,6 +51,10 @@ class TrainConfig:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+        if self.dropout_rng not in ("threefry", "rbg"):
+            raise ConfigError(
+                f"train.dropout_rng must be 'threefry' or 'rbg', got {self.dropout_rng!r}"
             )
         if self.checkpoint_every_steps == 0 and self.checkpoint_every_minutes == 0:
             raise ConfigError(

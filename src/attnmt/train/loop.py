@@ -229,11 +229,17 @@ class Trainer:
         """Steps jitted with explicit shardings: the state's from the logical rules, batches
         split over data × fsdp, metrics replicated. A parallelism change is a mesh change."""
         mesh, smoothing = self.mesh, self.experiment.train.label_smoothing
+        rng_impl = self.experiment.train.dropout_rng
         state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
         params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
         self._train_step = jit_with_rules(
             functools.partial(
-                steps.train_step, self.model, self.optimizer, self.learning_rate, smoothing
+                steps.train_step,
+                self.model,
+                self.optimizer,
+                self.learning_rate,
+                smoothing,
+                rng_impl=rng_impl,
             ),
             mesh,
             in_shardings=(state_sh, batch_sh),
@@ -242,7 +248,7 @@ class Trainer:
         )
         self._grad_step = jit_with_rules(
             lambda params, batch, rng: steps.compute_gradients(
-                self.model, params, batch, rng, smoothing
+                self.model, params, batch, rng, smoothing, rng_impl
             ),
             mesh,
             in_shardings=(params_sh, batch_sh, scalar),

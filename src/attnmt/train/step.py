@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import flax.linen as nn
 import flax.struct
@@ -15,6 +15,7 @@ from attnmt.train.loss import loss_sums
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+RngImpl = Literal["threefry", "rbg"]
 
 
 @flax.struct.dataclass
@@ -52,18 +53,35 @@ def create_train_state(
     )
 
 
+def dropout_key(rng: jax.Array, impl: RngImpl) -> jax.Array:
+    """The key dropout draws from: `rng` itself, or an "rbg" key seeded from it.
+
+    "rbg" makes dropout masks with XLA's RngBitGenerator instead of threefry hashing: far
+    fewer instructions per random bit on CPU and GPU. Its bits are a pure function of the
+    key (resume stays bit-exact) but, unlike threefry, may change with the mesh.
+    """
+    if impl == "threefry":
+        return rng
+    data = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
+    data = data.astype(jnp.uint32)
+    seed = jnp.concatenate([data, data ^ jnp.uint32(0x9E3779B9)])  # rbg keys hold 4 words
+    return jax.random.wrap_key_data(seed, impl="rbg")
+
+
 def compute_gradients(
     model: Transformer,
     params: Any,
     batch: Batch,
     rng: jax.Array,
     label_smoothing: float,
+    rng_impl: RngImpl = "threefry",
 ) -> tuple[Any, Metrics]:
     """Gradients of the loss SUMMED over the batch's real target tokens, plus the sums.
 
     Summing (not averaging) lets micro-batches of different sizes be accumulated exactly;
     `apply_gradients` divides by the total token count (§5.4 per-token normalisation).
     """
+    rng = dropout_key(rng, rng_impl)
 
     def summed_loss(p: Any) -> tuple[jax.Array, Metrics]:
         logits = model.apply(
@@ -133,10 +151,11 @@ def train_step(
     label_smoothing: float,
     state: TrainState,
     batch: Batch,
+    rng_impl: RngImpl = "threefry",
 ) -> tuple[TrainState, Metrics]:
     """One update from one batch (no accumulation): gradients and update fused in one jit."""
     rng = jax.random.fold_in(state.dropout_rng, state.step)
-    grads, sums = compute_gradients(model, state.params, batch, rng, label_smoothing)
+    grads, sums = compute_gradients(model, state.params, batch, rng, label_smoothing, rng_impl)
     return apply_gradients(optimizer, state, grads, sums, learning_rate_fn)
 
 
