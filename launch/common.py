@@ -78,6 +78,15 @@ class Run:
     workdir: str
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # `attnmt train` refuses URLs too; refusing here fails before any machine is paid for.
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", self.workdir):
+            raise LaunchError(
+                f"workdir {self.workdir!r} is a URL; workdirs must be filesystem paths for "
+                "now: mount the bucket (gcsfuse) or a shared NFS/Filestore volume on every "
+                "host and pass the mounted path"
+            )
+
     def train_argv(self, program: Sequence[str]) -> list[str]:
         """`<program> train --config C --workdir W --config.a.b=v ...` as an argv list."""
         argv = [*program, "train", "--config", self.config, "--workdir", self.workdir]

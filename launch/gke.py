@@ -2,9 +2,9 @@
 
     python launch/gke.py --image REGISTRY/attnmt:TAG \
         --tpu-type tpu-v5-lite-podslice --tpu-topology 4x4 --chips-per-host 4 \
-        --config configs/wmt14_ende.py:variant=big --workdir gs://bucket/ende_big
+        --config configs/wmt14_ende.py:variant=big --workdir /mnt/runs/ende_big
     python launch/gke.py --image REGISTRY/attnmt:TAG --gpu-type nvidia-h100-80gb \
-        --nodes 2 --gpus-per-node 8 --config configs/wmt14_ende.py --workdir gs://bucket/ende
+        --nodes 2 --gpus-per-node 8 --config configs/wmt14_ende.py --workdir /mnt/runs/ende
 
 One replicated job (one slice) whose Indexed Job runs `hosts` pods at once (parallelism =
 completions = hosts; a TPU slice has topology chips / chips-per-host hosts). TPU pods need no
@@ -12,8 +12,9 @@ coordinator variables: GKE gives them TPU_WORKER_HOSTNAMES and JAX reads those. 
 ATTNMT_COORDINATOR_ADDRESS (pod 0 through the JobSet's headless service),
 ATTNMT_NUM_PROCESSES and ATTNMT_PROCESS_ID (the pod's completion index). Any pod failing
 restarts the whole set (--max-restarts) and training resumes from the newest checkpoint, so
-the workdir must be shared storage (gs://...). The image must have attnmt installed and the
-repository's configs/ in its working directory (--working-dir).
+the workdir must be shared storage mounted in every pod (a gcsfuse bucket or a Filestore/NFS
+volume). The image must have attnmt installed and the repository's configs/ in its working
+directory (--working-dir).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A sweep: every run of a sweep file, one after another, on any launcher.
 
-    python launch/sweep.py configs/sweeps/table3.py --root gs://bucket/sweeps \
+    python launch/sweep.py configs/sweeps/table3.py --root /mnt/runs/sweeps \
         --launcher tpu_vm --tpu 'ende-{run}' --zone us-central2-b --dry-run
     python launch/sweep.py configs/sweeps/tiny_demo.py --root runs/sweeps --launcher local \
         --config.data.src_path='corpus/{split}.src' --config.data.tgt_path='corpus/{split}.tgt'
@@ -76,7 +76,7 @@ def expand(path: str | Path, root: str, overrides: Mapping[str, Any] | None = No
     runs = []
     for entry in load_sweep(path):
         merged = {**entry.get("overrides", {}), **(overrides or {})}
-        # posixpath, not Path: a gs:// root must keep its double slash.
+        # posixpath, not Path: workdirs are remote paths, not this machine's.
         workdir = posixpath.join(root, sweep, entry["name"])
         runs.append(Run(str(entry["name"]), str(entry["config"]), workdir, merged))
     return runs

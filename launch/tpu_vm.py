@@ -5,7 +5,7 @@ from the TPU metadata itself, so no coordinator variables are needed.
     python launch/tpu_vm.py create  --tpu ende --zone us-central2-b --accelerator-type v4-32
     python launch/tpu_vm.py install --tpu ende --zone us-central2-b            # this repo's HEAD
     python launch/tpu_vm.py run     --tpu ende --zone us-central2-b \
-        --config configs/wmt14_ende.py:variant=base --workdir gs://bucket/ende_base
+        --config configs/wmt14_ende.py:variant=base --workdir /mnt/runs/ende_base
     python launch/tpu_vm.py logs    --tpu ende --zone us-central2-b --name ende_base --follow
     python launch/tpu_vm.py stop    --tpu ende --zone us-central2-b --name ende_base
     python launch/tpu_vm.py delete  --tpu ende --zone us-central2-b
@@ -13,8 +13,9 @@ from the TPU metadata itself, so no coordinator variables are needed.
 Install ships the repository (configs included) to ~/attnmt on every worker: `--source repo`
 (default) copies `git archive HEAD` of this checkout, so commit first; `--source git` clones
 --git-url at --ref there; `--source wheel` installs --wheel and copies configs/ beside it.
-A multi-host slice needs a workdir every worker shares (gs://...): each host writes its part
-of every checkpoint there. Training runs under nohup with its log in ~/attnmt-logs/<name>.log
+A multi-host slice needs a workdir every worker shares (a gcsfuse-mounted bucket or a
+Filestore volume, mounted at the same path on each worker): each host writes its part of
+every checkpoint there. Training runs under nohup with its log in ~/attnmt-logs/<name>.log
 and its pid beside it (stop sends SIGTERM: the run checkpoints, then exits).
 """
 
@@ -168,10 +169,10 @@ def tpu_name(template: str, run: Run) -> str:
 
 def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
     """The run on every worker: in the background under nohup, or attached (--foreground)."""
-    if not run.workdir.startswith("gs://"):
+    if not run.workdir.startswith("/"):
         print(
-            f"launch: note: workdir {run.workdir} is local to each worker; a multi-host slice "
-            "needs a shared gs:// workdir",
+            f"launch: note: workdir {run.workdir} is relative to ~/attnmt on each worker; a "
+            "multi-host slice needs a path every worker shares (a gcsfuse or Filestore mount)",
             file=sys.stderr,
         )
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in parse_env(options.env).items())

@@ -35,14 +35,14 @@ def test_split_overrides_takes_both_forms_and_keeps_other_flags():
 
 
 def test_train_argv_spells_values_as_attnmt_reads_them():
-    run = Run("r", "configs/tiny.py:vocab_size=64", "gs://b/r", {"a.b": True, "c.d": 0.1})
+    run = Run("r", "configs/tiny.py:vocab_size=64", "/mnt/b/r", {"a.b": True, "c.d": 0.1})
     assert run.train_argv(["attnmt"]) == [
         "attnmt",
         "train",
         "--config",
         "configs/tiny.py:vocab_size=64",
         "--workdir",
-        "gs://b/r",
+        "/mnt/b/r",
         "--config.a.b=true",
         "--config.c.d=0.1",
     ]
@@ -146,3 +146,8 @@ def test_local_launcher_passes_sigterm_on_to_its_processes(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_url_workdir_is_refused_before_launching():
+    with pytest.raises(LaunchError, match=r"gs://b/r.*mount"):
+        Run("r", "configs/tiny.py", "gs://b/r")

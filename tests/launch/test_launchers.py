@@ -8,14 +8,14 @@ import yaml
 from launch.common import REPO_ROOT
 from tests.launch.helpers import dry_run, launch, shell_commands, train_part
 
-RUN = shlex.split("--config configs/tiny.py:vocab_size=32 --workdir gs://bucket/runs/demo")
+RUN = shlex.split("--config configs/tiny.py:vocab_size=32 --workdir /mnt/bucket/runs/demo")
 OVERRIDES = ["--config.model.d_ff=128", "--config.train.num_steps", "7"]
 EXPECTED_TRAIN = [
     "train",
     "--config",
     "configs/tiny.py:vocab_size=32",
     "--workdir",
-    "gs://bucket/runs/demo",
+    "/mnt/bucket/runs/demo",
     "--config.model.d_ff=128",
     "--config.train.num_steps=7",
 ]
@@ -35,7 +35,7 @@ def _remote(words):
 
 def test_local_starts_one_process_per_id_with_a_shared_coordinator():
     commands = _dry("local", "--processes 2 --devices-per-process 4", *RUN, *OVERRIDES)
-    assert commands[0][0] == ["mkdir", "-p", "gs://bucket/runs/demo/logs"]
+    assert commands[0][0] == ["mkdir", "-p", "/mnt/bucket/runs/demo/logs"]
     assert commands[-1][0] == ["wait"]
     processes = [words for words, _ in commands[1:-1]]
     assert len(processes) == 2
@@ -52,7 +52,7 @@ def test_local_starts_one_process_per_id_with_a_shared_coordinator():
         coordinators.add(env["ATTNMT_COORDINATOR_ADDRESS"])
         assert words[program + 1 : words.index("train")] == ["-m", "attnmt.cli.main"]
         assert train_part(words) == EXPECTED_TRAIN
-        log = f"gs://bucket/runs/demo/logs/process_{process_id}.log"
+        log = f"/mnt/bucket/runs/demo/logs/process_{process_id}.log"
         assert words[-4:] == [">", log, "2>&1", "&"]
     (coordinator,) = coordinators
     host, port = coordinator.split(":")

@@ -25,11 +25,11 @@ SWEEPS = REPO / "configs" / "sweeps"
 
 
 def test_table3_has_every_row_with_its_variant_and_a_fixed_workdir():
-    runs = expand(SWEEPS / "table3.py", "gs://bucket/sweeps/", {"train.seed": "1"})
+    runs = expand(SWEEPS / "table3.py", "/mnt/sweeps/", {"train.seed": "1"})
     assert [run.name for run in runs] == ["base", *TABLE3, "big"]
     c4 = runs[[run.name for run in runs].index("C4")]
     assert c4.config == "configs/wmt14_ende.py:variant=C4"
-    assert c4.workdir == "gs://bucket/sweeps/table3/C4"
+    assert c4.workdir == "/mnt/sweeps/table3/C4"
     assert c4.overrides["train.seed"] == "1"  # the command line's, added to the row's own
     assert c4.overrides["train.bleu_every_steps"] == 100_000
 

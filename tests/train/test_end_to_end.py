@@ -82,3 +82,17 @@ def test_cli_refuses_a_bad_key_without_traceback(capsys):
     code = main(["params", "--config", str(CONFIGS / "tiny.py"), "--config.model.d_ff=0"])
     assert code == 2
     assert "model.d_ff" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "average"])
+def test_cli_refuses_url_workdirs_before_writing_anything(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [command, "--workdir", "gs://bucket/run"]
+    if command == "train":
+        argv += ["--config", str(CONFIGS / "tiny.py")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "gs://bucket/run" in err and "mount" in err
+    assert list(tmp_path.iterdir()) == []  # no local "gs:" folder was created

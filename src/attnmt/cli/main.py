@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import io
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
@@ -170,11 +171,31 @@ def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
+def local_workdir(value: str) -> str:
+    """argparse type: a filesystem path; URLs are refused before anything is written.
+
+    The workdir's config, vocabulary, token cache and TensorBoard files go through local
+    paths, so `gs://b/run` would silently become a local folder `gs:/b/run` on a VM that may
+    vanish: a lost run. A mounted bucket (gcsfuse) or shared filesystem works.
+    """
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is a URL; workdirs must be filesystem paths for now. Mount the "
+            "bucket (e.g. gcsfuse, or a shared NFS/Filestore volume visible to every host) "
+            "and pass the mounted path"
+        )
+    return value
+
+
 def _add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", required=True, help="a training (or averaged) workdir")
+    parser.add_argument(
+        "--workdir", required=True, type=local_workdir, help="a training (or averaged) workdir"
+    )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
     parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
-    parser.add_argument("--ensemble", nargs="*", default=[], help="more workdirs to ensemble")
+    parser.add_argument(
+        "--ensemble", nargs="*", type=local_workdir, default=[], help="more workdirs to ensemble"
+    )
     parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
     parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
     parser.add_argument("--max-len-offset", type=int, default=None)
@@ -191,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train, or resume the run in --workdir")
     _add_config_arguments(train)
-    train.add_argument("--workdir", required=True, help="checkpoints, logs, vocabulary")
+    train.add_argument(
+        "--workdir", required=True, type=local_workdir, help="checkpoints, logs, vocabulary"
+    )
     train.set_defaults(handler=_cmd_train)
 
     params = commands.add_parser("params", help="parameter count with a per-module breakdown")
@@ -204,13 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     vocab = commands.add_parser("vocab", help="train the shared sentencepiece vocabulary")
     _add_config_arguments(vocab)
-    vocab.add_argument("--workdir", required=True)
+    vocab.add_argument("--workdir", required=True, type=local_workdir)
     vocab.set_defaults(handler=_cmd_vocab)
 
     average = commands.add_parser("average", help="average the last K checkpoints (§6.1)")
-    average.add_argument("--workdir", required=True)
+    average.add_argument("--workdir", required=True, type=local_workdir)
     average.add_argument("--last", type=int, default=5, help="paper: 5 (base), 20 (big)")
-    average.add_argument("--output", default=None, help="default <workdir>/average-last<K>")
+    average.add_argument(
+        "--output", type=local_workdir, default=None, help="default <workdir>/average-last<K>"
+    )
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=_cmd_average)
 
