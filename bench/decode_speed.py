@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnmt.decode import beam_search as search
-from attnmt.decode.translate import Translator, _step_fn
+from attnmt.decode.translate import Translator, prepare_search
 from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
 from attnmt.model.transformer import Transformer
 
@@ -123,15 +123,10 @@ def forced_decode(
     max_decode_len = src_len + max_len_offset  # the Translator's own cache size
     if max_decode_len < out_len:
         raise ValueError(f"out_len {out_len} exceeds the cache of {max_decode_len} positions")
-    model = Transformer(config)
-    encoded, cache, step = _step_fn(model, params, src_tokens, max_decode_len)
-    rows = beam_size
-    step = functools.partial(
-        step,
-        encoded_rows=search.expand_to_beams(encoded, rows),
-        src_rows=search.expand_to_beams(src_tokens, rows),
+    step, cache = prepare_search(
+        [config], [params], src_tokens, rows=beam_size, max_decode_len=max_decode_len
     )
-    cache = (jnp.zeros((), jnp.int32), search.expand_to_beams(cache, rows))
+    cache = (jnp.zeros((), jnp.int32), cache)
     tokens_to_logits = force_length(step, out_len)
     max_lengths = jnp.full((batch,), out_len, jnp.int32)
     if beam_size == 1:

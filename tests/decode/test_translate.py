@@ -5,12 +5,13 @@ import io
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.decode.config import DecodeConfig
-from attnmt.decode.translate import Translator
-from attnmt.model.config import ModelConfig
+from attnmt.decode.translate import Translator, decode_batch
+from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from attnmt.model.transformer import Transformer
 
 WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
@@ -83,3 +84,58 @@ def test_stream_writes_exactly_one_line_per_input(model_and_params, tokenizer):
     written = target.getvalue().split("\n")
     assert written[-1] == "" and len(written) == 5
     assert written[1] == ""
+
+
+def _greedy_without_cache(model, params, src, steps):
+    """Brute force: rerun the whole teacher-forced model on the prefix at every step."""
+    out = jnp.zeros((src.shape[0], 0), jnp.int32)
+    for _ in range(steps):
+        # The last position of __call__ predicts the token after the prefix; the appended
+        # filler is shifted out of the decoder input.
+        filler = jnp.full((src.shape[0], 1), EOS_ID, jnp.int32)
+        logits = model.apply({"params": params}, src, jnp.concatenate([out, filler], axis=1))
+        logp = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32))
+        logp = logp.at[:, PAD_ID].set(-jnp.inf).at[:, BOS_ID].set(-jnp.inf)
+        out = jnp.concatenate([out, jnp.argmax(logp, axis=-1)[:, None].astype(jnp.int32)], axis=1)
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
+    model_and_params, beam
+):
+    config, params = model_and_params
+    src = jnp.array([[5, 9, 7, EOS_ID, PAD_ID], [11, 6, 8, 12, EOS_ID], [13, EOS_ID, 0, 0, 0]])
+    got = np.asarray(
+        decode_batch(
+            [config],
+            [params],
+            src,
+            beam_size=beam,
+            alpha=0.6,
+            max_len_offset=4,
+            max_positions=None,
+        )
+    )
+    model = Transformer(config)
+    if beam == 1:
+        expected = _greedy_without_cache(model, params, src, got.shape[1])
+        for row in range(src.shape[0]):
+            eos = list(got[row]).index(EOS_ID)
+            limit = int(np.sum(np.asarray(src[row]) != PAD_ID)) + 4  # input length + offset
+            # An EOS at the row's limit is forced (the brute force has no limit).
+            end = eos + 1 if eos < limit - 1 else eos
+            np.testing.assert_array_equal(got[row, :end], expected[row, :end])
+    # Each sentence decoded alone gives the same result: no beam attends to another
+    # sentence's encoder keys/values.
+    for row in range(src.shape[0]):
+        alone = decode_batch(
+            [config],
+            [params],
+            src[row : row + 1],
+            beam_size=beam,
+            alpha=0.6,
+            max_len_offset=4,
+            max_positions=None,
+        )
+        np.testing.assert_array_equal(np.asarray(alone)[0], got[row])

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
@@ -23,8 +24,20 @@ from attnmt.model.transformer import Transformer
 log = logging.getLogger(__name__)
 
 
-def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_len: int):
-    """Builds the cache for a batch and the `tokens_to_logits` closure over it."""
+def _is_beam_invariant(path: tuple[str, ...]) -> bool:
+    # Encoder-decoder keys/values depend only on the sentence, so every beam of a sentence
+    # holds the same rows: reordering beams would copy them unchanged at every step.
+    return "cross_attention" in path
+
+
+def _step_fn(
+    model: Transformer, params: Any, src_tokens: jax.Array, max_decode_len: int, rows: int
+):
+    """The decoder cache of a batch, expanded to `rows` per sentence, and the step closure.
+
+    Returns (encoded rows, the cache the search carries and reorders, tokens_to_logits). The
+    cross-attention keys/values stay outside the carried cache, as loop constants.
+    """
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
     start = jnp.full((src_tokens.shape[0], 1), BOS_ID, jnp.int32)
     _, variables = model.apply(
@@ -37,12 +50,18 @@ def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_
         method=Transformer.decode,
         mutable=["cache"],
     )
+    flat = traverse_util.flatten_dict(search.expand_to_beams(variables["cache"], rows))
+    invariant = {k: v for k, v in flat.items() if _is_beam_invariant(k)}
+    carried = traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items() if not _is_beam_invariant(k)}
+    )
+    encoded_rows = search.expand_to_beams(encoded, rows)
+    src_rows = search.expand_to_beams(src_tokens, rows)
 
-    def tokens_to_logits(
-        tokens: jax.Array, cache: Any, encoded_rows: jax.Array, src_rows: jax.Array
-    ) -> tuple[jax.Array, Any]:
+    def tokens_to_logits(tokens: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+        full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **invariant})
         logits, updated = model.apply(
-            {"params": params, "cache": cache},
+            {"params": params, "cache": full},
             encoded_rows,
             src_rows,
             tokens,
@@ -50,9 +69,36 @@ def _step_fn(model: Transformer, params: Any, src_tokens: jax.Array, max_decode_
             method=Transformer.decode,
             mutable=["cache"],
         )
-        return logits[:, 0], updated["cache"]
+        kept = {
+            k: v
+            for k, v in traverse_util.flatten_dict(updated["cache"]).items()
+            if not _is_beam_invariant(k)
+        }
+        return logits[:, 0], traverse_util.unflatten_dict(kept)
 
-    return encoded, variables["cache"], tokens_to_logits
+    return carried, tokens_to_logits
+
+
+def prepare_search(
+    configs: Sequence[ModelConfig],
+    params_list: Sequence[Any],
+    src_tokens: jax.Array,
+    *,
+    rows: int,
+    max_decode_len: int,
+) -> tuple[search.TokensToLogits, Any]:
+    """`(tokens_to_logits, cache)` for the searches of beam_search.py, `rows` per sentence.
+
+    Several models are ensembled (their log-probabilities averaged).
+    """
+    fns, caches = [], []
+    for config, params in zip(configs, params_list, strict=True):
+        cache, step = _step_fn(Transformer(config), params, src_tokens, max_decode_len, rows)
+        fns.append(step)
+        caches.append(cache)
+    if len(fns) == 1:
+        return fns[0], caches[0]
+    return search.ensemble(fns), tuple(caches)
 
 
 def decode_batch(
@@ -70,19 +116,9 @@ def decode_batch(
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
         max_decode_len = min(max_decode_len, max_positions)
-    rows = beam_size if beam_size > 1 else 1
-    fns, caches = [], []
-    src_rows = search.expand_to_beams(src_tokens, rows)
-    for config, params in zip(configs, params_list, strict=True):
-        model = Transformer(config)
-        encoded, cache, step = _step_fn(model, params, src_tokens, max_decode_len)
-        encoded_rows = search.expand_to_beams(encoded, rows)
-        fns.append(functools.partial(step, encoded_rows=encoded_rows, src_rows=src_rows))
-        caches.append(search.expand_to_beams(cache, rows))
-    if len(fns) == 1:
-        tokens_to_logits, cache = fns[0], caches[0]
-    else:
-        tokens_to_logits, cache = search.ensemble(fns), tuple(caches)
+    tokens_to_logits, cache = prepare_search(
+        configs, params_list, src_tokens, rows=beam_size, max_decode_len=max_decode_len
+    )
     real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
     # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
     max_lengths = jnp.where(real_lengths > 0, real_lengths + max_len_offset, 1)
