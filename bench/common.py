@@ -25,6 +25,22 @@ from typing import Any
 
 import numpy as np
 
+from attnmt.model.flops import (  # re-exported for the bench scripts
+    batch_train_flops,
+    forward_flops,
+    forward_flops_parts,
+    nonpad_lengths,
+    train_flops,
+)
+
+__all__ = [
+    "batch_train_flops",
+    "forward_flops",
+    "forward_flops_parts",
+    "nonpad_lengths",
+    "train_flops",
+]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
@@ -131,85 +147,7 @@ def str_list(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- FLOPs
 
-
-def nonpad_lengths(tokens: np.ndarray) -> np.ndarray:
-    """Real (non-PAD) tokens per row; all-PAD filler rows count 0."""
-    from attnmt.model.config import PAD_ID
-
-    return (np.asarray(tokens) != PAD_ID).sum(axis=1)
-
-
-def forward_flops_parts(
-    model: Any, src_lengths: np.ndarray, tgt_lengths: np.ndarray
-) -> dict[str, float]:
-    """Matmul FLOPs of one teacher-forced forward pass, counting real tokens only.
-
-    One multiply-add is 2 FLOPs. With d = d_model, N layers, h heads, V vocabulary and,
-    per sentence, s real source and t real target tokens (both including EOS; the decoder
-    sees t positions: BOS + t−1 tokens):
-
-      encoder, per layer:  s · 2·(d·h·(2·d_k + d_v) + h·d_v·d)          Q, K, V, output
-                         + s · 2·(2·d·d_ff)                            FFN
-                         + s · s · 2·h·(d_k + d_v)                     scores + values
-      decoder, per layer:  t · 2·(d·h·(2·d_k + d_v) + h·d_v·d)          self Q, K, V, out
-                         + t · 2·(d·h·d_k + h·d_v·d)                   cross Q, out
-                         + s · 2·(d·h·(d_k + d_v))                     cross K, V (source)
-                         + t(t+1)/2 · 2·h·(d_k + d_v)                  causal self scores+values
-                         + t · s · 2·h·(d_k + d_v)                     cross scores + values
-                         + t · 2·(2·d·d_ff)                            FFN
-      output projection:   t · 2·V·d                                   shared embedding
-
-    Only work that a real token needs is counted: no padding positions, no masked
-    (future) keys, no embedding lookups (gathers), softmax, layer norms or loss.
-    Returns {"dense": weight matmuls in the stacks, "attention": scores + weighted values,
-    "output": the vocabulary projection}.
-    """
-    s = np.asarray(src_lengths, np.float64)
-    t = np.asarray(tgt_lengths, np.float64)
-    c = model
-    d, h, dk, dv = c.d_model, c.num_heads, c.d_k, c.d_v
-    qkvo = d * h * (2 * dk + dv) + h * dv * d
-    ffn = 2 * d * c.d_ff
-    attend = 2 * h * (dk + dv)  # per (query, key) pair: scores and weighted values
-    dense = (
-        s * 2 * (qkvo + ffn)  # encoder
-        + t * 2 * (qkvo + ffn)  # decoder self-attention and FFN
-        + t * 2 * (d * h * dk + h * dv * d)  # decoder cross-attention queries and output
-        + s * 2 * d * h * (dk + dv)  # decoder cross-attention keys and values
-    )
-    attention = s * s * attend + t * (t + 1) / 2 * attend + t * s * attend
-    return {
-        "dense": float(np.sum(c.num_layers * dense)),
-        "attention": float(np.sum(c.num_layers * attention)),
-        "output": float(np.sum(t * 2 * c.vocab_size * d)),
-    }
-
-
-def forward_flops(model: Any, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> float:
-    """The sum of forward_flops_parts."""
-    return sum(forward_flops_parts(model, src_lengths, tgt_lengths).values())
-
-
-def train_flops(model: Any, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> float:
-    """Forward + backward: the backward pass costs two forwards (input and weight grads)."""
-    return 3.0 * forward_flops(model, src_lengths, tgt_lengths)
-
-
-def batch_train_flops(model: Any, batch: dict[str, np.ndarray]) -> tuple[float, float]:
-    """(useful FLOPs on real tokens, FLOPs of every padded position with full attention)."""
-    useful = train_flops(
-        model, nonpad_lengths(batch["src_tokens"]), nonpad_lengths(batch["tgt_tokens"])
-    )
-    rows, src_len = batch["src_tokens"].shape
-    tgt_len = batch["tgt_tokens"].shape[1]
-    # The padded count: every position computed, causal rows of the score matrix included.
-    src = np.full(rows, src_len, np.float64)
-    tgt = np.full(rows, tgt_len, np.float64)
-    c = model
-    full = train_flops(c, src, tgt) + 3 * c.num_layers * np.sum(
-        (tgt * tgt - tgt * (tgt + 1) / 2) * 2 * c.num_heads * (c.d_k + c.d_v)
-    )
-    return useful, float(full)
+# The accounting lives in attnmt.model.flops (the training loop logs MFU with it).
 
 
 # --------------------------------------------------------------------------- timing

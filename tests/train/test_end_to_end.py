@@ -3,6 +3,7 @@
 import json
 import random
 
+import jax
 import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
@@ -96,3 +97,21 @@ def test_cli_refuses_url_workdirs_before_writing_anything(command, capsys, tmp_p
     err = capsys.readouterr().err
     assert "gs://bucket/run" in err and "mount" in err
     assert list(tmp_path.iterdir()) == []  # no local "gs:" folder was created
+
+
+def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path):
+    overrides = [
+        *_overrides(reversal_corpus, 6),
+        "--config.train.log_every_steps=3",
+        "--config.train.peak_tflops_per_device=0.002",
+        "--config.train.profile_first_step=2",
+        "--config.train.profile_num_steps=2",
+    ]
+    trainer = Trainer(_experiment(overrides), tmp_path / "run")
+    result = trainer.run()
+    logged = result.last_train
+    assert logged["model_tflops_per_second"] > 0
+    expected_mfu = logged["model_tflops_per_second"] / (0.002 * jax.local_device_count())
+    assert logged["mfu"] == pytest.approx(expected_mfu)
+    traces = list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
+    assert traces, "no jax.profiler trace written"

@@ -24,6 +24,8 @@ from attnmt.decode.evaluation import score
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
+from attnmt.model.config import ModelConfig
+from attnmt.model.flops import nonpad_lengths, train_flops
 from attnmt.model.transformer import Transformer
 from attnmt.parallel.budget import plan_batches
 from attnmt.parallel.mesh import DATA, FSDP, make_mesh
@@ -125,16 +127,55 @@ class _Window:
 
     metrics: list[dict[str, jax.Array]] = dataclasses.field(default_factory=list)
     tokens: float = 0.0
+    flops: float = 0.0  # model FLOPs of the real tokens (attnmt.model.flops.train_flops)
     padding: float = 0.0
     batches: int = 0
     start: float = dataclasses.field(default_factory=time.monotonic)
 
-    def add(self, batches: list[dict[str, np.ndarray]], metrics: dict[str, jax.Array]) -> None:
+    def add(
+        self,
+        batches: list[dict[str, np.ndarray]],
+        metrics: dict[str, jax.Array],
+        model: ModelConfig,
+    ) -> None:
         for batch in batches:
             self.tokens += float(np.count_nonzero(batch["tgt_tokens"]))
+            self.flops += train_flops(
+                model, nonpad_lengths(batch["src_tokens"]), nonpad_lengths(batch["tgt_tokens"])
+            )
             self.padding += padding_fraction(batch)
             self.batches += 1
         self.metrics.append(metrics)
+
+
+class _Profiler:
+    """A jax.profiler trace of updates [first, first + count) into `directory` (TensorBoard's
+    profile tab reads it). The trace ends after the device finished the last traced update."""
+
+    def __init__(self, directory: Path, first: int, count: int) -> None:
+        self.directory, self.first, self.count = directory, first, count
+        self.active = False
+
+    def before_update(self, step: int) -> None:
+        if self.count and not self.active and self.first <= step < self.first + self.count:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            jax.profiler.start_trace(str(self.directory))
+            self.active = True
+            log.info(
+                "profiling updates %d-%d into %s", step + 1, self.first + self.count, self.directory
+            )
+
+    def after_update(self, step: int) -> None:
+        # `step` came from the device, so the traced updates have finished.
+        if self.active and step >= self.first + self.count:
+            jax.profiler.stop_trace()
+            self.active = False
+            log.info("profile written to %s", self.directory)
+
+    def close(self) -> None:
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active = False
 
 
 class Trainer:
@@ -373,6 +414,9 @@ class Trainer:
         cfg = self.experiment.train
         self._start_time = self._last_checkpoint_time = time.monotonic()
         self._window = _Window()
+        self._profiler = _Profiler(
+            self.workdir / "profile", cfg.profile_first_step, cfg.profile_num_steps
+        )
         self._last_train: dict[str, float] = {}
         self._last_eval: dict[str, float] = {}
         step = int(self.state.step)
@@ -391,6 +435,7 @@ class Trainer:
                 self.checkpoints.wait()
         finally:
             # Also on errors: let a save in flight finish, so the newest checkpoint is whole.
+            self._profiler.close()
             self.checkpoints.close()
             self.metrics.close()
         if stopped == SIGTERM_REASON:
@@ -404,10 +449,13 @@ class Trainer:
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update; returns (updates applied, consecutive updates skipped)."""
         batches = [next(self.train_batches) for _ in range(self.accumulation_steps)]
-        self._window.add(batches, self._one_update([put_batch(b, self.mesh) for b in batches]))
+        self._profiler.before_update(int(self.state.step))
+        metrics = self._one_update([put_batch(b, self.mesh) for b in batches])
+        self._window.add(batches, metrics, self.experiment.model)
         # One small host sync per update: the non-finite guard and every step boundary
         # (checkpoint, SIGTERM) must see each update, not only those at logging intervals.
         step, consecutive = jax.device_get((self.state.step, self.state.skipped_steps))
+        self._profiler.after_update(int(step))
         return int(step), int(consecutive)
 
     def _after_update(self, step: int, bar: Any) -> None:
@@ -454,11 +502,16 @@ class Trainer:
         elapsed = max(time.monotonic() - window.start, 1e-9)
         summary = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[-1]}
         summary["skipped"] = float(np.sum([m["skipped"] for m in fetched]))
+        tflops = window.flops / elapsed / 1e12  # this process's devices together
         summary.update(
             tokens_per_second=window.tokens / elapsed,
             step_time=elapsed / len(fetched),
             padding_fraction=window.padding / max(window.batches, 1),
+            model_tflops_per_second=tflops,
         )
+        peak = self.experiment.train.peak_tflops_per_device
+        if peak:
+            summary["mfu"] = tflops / (peak * jax.local_device_count())
         summary.pop("tokens", None)
         self.metrics.write("train", step, summary)
         return summary
