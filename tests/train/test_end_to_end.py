@@ -2,9 +2,11 @@
 
 import json
 import random
+import re
 
 import jax
 import pytest
+import sacrebleu
 
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
@@ -47,7 +49,7 @@ def _experiment(overrides):
 
 
 @pytest.mark.slow
-def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path):
+def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path, capsys):
     workdir = tmp_path / "run"
     trainer = Trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
     initial = trainer.evaluate()
@@ -77,6 +79,24 @@ def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path):
     resumed = Trainer(_experiment(_overrides(reversal_corpus, 150)), workdir)
     assert int(resumed.state.step) == 150
     assert resumed.evaluate()["nll"] <= final["nll"] * 1.1
+
+    # `attnmt evaluate` on the averaged checkpoints: its own hypotheses file, one line per
+    # sentence, and a printed BLEU equal to sacrebleu's on that file.
+    capsys.readouterr()
+    for average in ("0", "2"):
+        argv = ["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]
+        assert main([*argv, "--average-last", average]) == 0
+    out = capsys.readouterr().out
+    plain = workdir / "decodes" / "dev-step150-beam2.tgt"
+    averaged = workdir / "decodes" / "dev-step150-avg2-beam2.tgt"
+    references = (reversal_corpus / "dev.tgt").read_text().splitlines()
+    printed = [float(x) for x in re.findall(r"sacreBLEU\s+([0-9.]+)", out)]
+    assert len(printed) == 2
+    for path, score in zip((plain, averaged), printed, strict=True):
+        hypotheses = path.read_text().splitlines()
+        assert len(hypotheses) == len(references) == 64
+        expected = sacrebleu.corpus_bleu(hypotheses, [references]).score
+        assert score == pytest.approx(expected, abs=0.006)
 
 
 def test_cli_refuses_a_bad_key_without_traceback(capsys):

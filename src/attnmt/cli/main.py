@@ -153,12 +153,16 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     split = args.split or runs[0].experiment.data.test_split
     if split == "test":
         split = runs[0].experiment.data.test_split
+    # Averaged and ensembled decodes get their own file and TensorBoard series, so they do
+    # not overwrite the plain checkpoint's results of the same step.
+    tag = f"-avg{args.average_last}" if args.average_last else ""
+    tag += "-ensemble" if args.ensemble else ""
     scores = evaluate_split(
-        runs, split, _decode_config(runs[0], args), Path(args.workdir) / "decodes"
+        runs, split, _decode_config(runs[0], args), Path(args.workdir) / "decodes", tag
     )
     print(scores.format())
     sink = MetricsSink(args.workdir)
-    sink.write(f"bleu_{split}", runs[0].step, scores.scalars())
+    sink.write(f"bleu_{split}{tag.replace('-', '_')}", runs[0].step, scores.scalars())
     sink.close()
     return 0
 

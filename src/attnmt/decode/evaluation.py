@@ -69,9 +69,12 @@ def score(
 
 
 def evaluate_split(
-    runs: list[LoadedRun], split: str, decode: DecodeConfig, output_dir: Path
+    runs: list[LoadedRun], split: str, decode: DecodeConfig, output_dir: Path, tag: str = ""
 ) -> SplitScores:
-    """Translates `split` with the run (an ensemble if several) and scores it."""
+    """Translates `split` with the run (an ensemble if several) and scores it.
+
+    `tag` (e.g. "-avg5") names what was decoded when the step alone does not.
+    """
     main = runs[0]
     pairs = load_split(main.experiment.data, split)
     sources = [src for src, _ in pairs]
@@ -89,7 +92,7 @@ def evaluate_split(
     output_dir.mkdir(parents=True, exist_ok=True)
     path = (
         output_dir
-        / f"{split}-step{main.step}-beam{decode.beam_size}.{main.experiment.data.tgt_lang}"
+        / f"{split}-step{main.step}{tag}-beam{decode.beam_size}.{main.experiment.data.tgt_lang}"
     )
     path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     return SplitScores(split, len(pairs), seconds, sacre, tokenized, m30k, path)
