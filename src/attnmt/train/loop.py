@@ -449,7 +449,8 @@ class Trainer:
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update; returns (updates applied, consecutive updates skipped)."""
         batches = [next(self.train_batches) for _ in range(self.accumulation_steps)]
-        self._profiler.before_update(int(self.state.step))
+        if self._profiler.count:  # reading the step is a host sync: only when tracing
+            self._profiler.before_update(int(self.state.step))
         metrics = self._one_update([put_batch(b, self.mesh) for b in batches])
         self._window.add(batches, metrics, self.experiment.model)
         # One small host sync per update: the non-finite guard and every step boundary
