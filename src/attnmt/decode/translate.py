@@ -35,7 +35,7 @@ def _step_fn(
 ):
     """The decoder cache of a batch, expanded to `rows` per sentence, and the step closure.
 
-    Returns (encoded rows, the cache the search carries and reorders, tokens_to_logits). The
+    Returns (the cache the search carries and reorders, tokens_to_logits). The
     cross-attention keys/values stay outside the carried cache, as loop constants.
     """
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
