@@ -13,5 +13,6 @@ HEADS = "heads"  # h
 KV = "kv"  # d_k or d_v, per head
 MLP = "mlp"  # d_ff
 VOCAB = "vocab"  # shared vocabulary
+LAYERS = "layers"  # the stacked layers of model.scan_layers=True
 
-ALL = (BATCH, LENGTH, KV_LENGTH, EMBED, HEADS, KV, MLP, VOCAB)
+ALL = (BATCH, LENGTH, KV_LENGTH, EMBED, HEADS, KV, MLP, VOCAB, LAYERS)

@@ -135,3 +135,20 @@ def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path
     assert logged["mfu"] == pytest.approx(expected_mfu)
     traces = list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
     assert traces, "no jax.profiler trace written"
+
+
+def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, tmp_path, capsys):
+    overrides = [
+        *_overrides(reversal_corpus, 60),
+        "--config.model.scan_layers=true",
+        "--config.train.checkpoint_every_steps=30",
+    ]
+    workdir = tmp_path / "run"
+    trainer = Trainer(_experiment(overrides), workdir)
+    initial = trainer.evaluate()
+    trainer.run()
+    assert trainer.evaluate()["nll"] < 0.7 * initial["nll"]
+    argv = ["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]
+    assert main([*argv, "--average-last", "2"]) == 0
+    hypotheses = (workdir / "decodes" / "dev-step60-avg2-beam2.tgt").read_text().splitlines()
+    assert len(hypotheses) == 64 and any(hypotheses)

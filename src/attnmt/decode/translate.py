@@ -18,6 +18,7 @@ from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.config import DecodeConfig
+from attnmt.model import layout
 from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from attnmt.model.transformer import Transformer
 
@@ -93,6 +94,7 @@ def prepare_search(
     """
     fns, caches = [], []
     for config, params in zip(configs, params_list, strict=True):
+        config, params = layout.for_decoding(config, params)
         cache, step = _step_fn(Transformer(config), params, src_tokens, max_decode_len, rows)
         fns.append(step)
         caches.append(cache)

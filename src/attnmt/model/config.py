@@ -46,6 +46,10 @@ class ModelConfig:
     # final LayerNorm per stack (tensor2tensor's later default): same parameters plus two
     # norms, and it trains faster early on, which matters when compute is scarce.
     norm_position: NormPosition = "post"
+    # Run each stack as one nn.scan over stacked layer parameters: the train step is traced
+    # and compiled once per stack instead of once per layer. Same function and parameter
+    # count; decoding converts to the per-layer layout (attnmt.model.layout).
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         for name in (

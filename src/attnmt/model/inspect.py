@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from attnmt.model import layout
 from attnmt.model.transformer import Transformer
 
 
@@ -21,6 +22,9 @@ def attention_maps(
 
     Decoder maps are for teacher forcing on `tgt_tokens` (query t sees targets < t).
     """
+    # The per-layer layout names every map by its layer ("encoder_4/...").
+    config, params = layout.for_decoding(model.config, params)
+    model = Transformer(config)
     _, state = model.apply({"params": params}, src_tokens, tgt_tokens, mutable=["intermediates"])
     maps: dict[str, np.ndarray] = {}
     flat = jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]

@@ -71,18 +71,50 @@ class Residual(nn.Module):
         return self.norm(x + dropped)
 
 
+def _encoder_sublayers(cfg: ModelConfig, x: jax.Array, mask: jax.Array, train: bool) -> jax.Array:
+    """One encoder layer's sub-modules, created under whichever module calls this."""
+    residual = Residual(cfg, name="self_attention_residual")
+    h = residual.sublayer_input(x)
+    attended = MultiHeadAttention(cfg, name="self_attention")(h, h, mask, train=train)
+    x = residual(x, attended, train=train)
+    residual = Residual(cfg, name="ffn_residual")
+    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
+    return residual(x, fed, train=train)
+
+
+def _decoder_sublayers(
+    cfg: ModelConfig,
+    x: jax.Array,
+    encoded: jax.Array,
+    self_mask: jax.Array | None,
+    cross_mask: jax.Array,
+    train: bool,
+    decode: bool,
+    max_decode_len: int,
+) -> jax.Array:
+    """One decoder layer's sub-modules, created under whichever module calls this."""
+    residual = Residual(cfg, name="self_attention_residual")
+    h = residual.sublayer_input(x)
+    attended = MultiHeadAttention(cfg, name="self_attention")(
+        h, h, self_mask, train=train, decode=decode, max_decode_len=max_decode_len
+    )
+    x = residual(x, attended, train=train)
+    residual = Residual(cfg, name="cross_attention_residual")
+    attended = MultiHeadAttention(cfg, static_kv=True, name="cross_attention")(
+        residual.sublayer_input(x), encoded, cross_mask, train=train, decode=decode
+    )
+    x = residual(x, attended, train=train)
+    residual = Residual(cfg, name="ffn_residual")
+    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
+    return residual(x, fed, train=train)
+
+
 class EncoderLayer(nn.Module):
     config: ModelConfig
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array, *, train: bool) -> jax.Array:
-        residual = Residual(self.config, name="self_attention_residual")
-        h = residual.sublayer_input(x)
-        attended = MultiHeadAttention(self.config, name="self_attention")(h, h, mask, train=train)
-        x = residual(x, attended, train=train)
-        residual = Residual(self.config, name="ffn_residual")
-        fed = FeedForward(self.config, name="ffn")(residual.sublayer_input(x))
-        return residual(x, fed, train=train)
+        return _encoder_sublayers(self.config, x, mask, train)
 
 
 class DecoderLayer(nn.Module):
@@ -100,21 +132,83 @@ class DecoderLayer(nn.Module):
         decode: bool,
         max_decode_len: int,
     ) -> jax.Array:
-        cfg = self.config
-        residual = Residual(cfg, name="self_attention_residual")
-        h = residual.sublayer_input(x)
-        attended = MultiHeadAttention(cfg, name="self_attention")(
-            h, h, self_mask, train=train, decode=decode, max_decode_len=max_decode_len
+        return _decoder_sublayers(
+            self.config, x, encoded, self_mask, cross_mask, train, decode, max_decode_len
         )
-        x = residual(x, attended, train=train)
-        residual = Residual(cfg, name="cross_attention_residual")
-        attended = MultiHeadAttention(cfg, static_kv=True, name="cross_attention")(
-            residual.sublayer_input(x), encoded, cross_mask, train=train, decode=decode
-        )
-        x = residual(x, attended, train=train)
-        residual = Residual(cfg, name="ffn_residual")
-        fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
-        return residual(x, fed, train=train)
+
+
+class _ScanEncoderLayer(nn.Module):
+    """EncoderLayer in nn.scan's `(carry, *xs) -> (carry, ys)` form; flags as attributes."""
+
+    config: ModelConfig
+    train: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array) -> tuple[jax.Array, None]:
+        return _encoder_sublayers(self.config, x, mask, self.train), None
+
+
+class _ScanDecoderLayer(nn.Module):
+    config: ModelConfig
+    train: bool
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        encoded: jax.Array,
+        self_mask: jax.Array | None,
+        cross_mask: jax.Array,
+    ) -> tuple[jax.Array, None]:
+        x = _decoder_sublayers(self.config, x, encoded, self_mask, cross_mask, self.train, False, 0)
+        return x, None
+
+
+def _scanned(layer: type[nn.Module], num_broadcast: int, num_layers: int) -> type[nn.Module]:
+    # Parameters (and sown attention weights) gain a leading "layers" axis; the step
+    # function is traced and compiled once instead of num_layers times.
+    return nn.scan(
+        layer,
+        variable_axes={"params": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * num_broadcast,
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: axes.LAYERS},
+        check_constancy_invariants=False,  # the broadcast inputs are constants by design
+    )
+
+
+class EncoderStack(nn.Module):
+    """All encoder layers as one scanned layer: params["encoder"]["layers"][...] stacked."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, *, train: bool) -> jax.Array:
+        stack = _scanned(_ScanEncoderLayer, 1, self.config.num_layers)
+        x, _ = stack(self.config, train=train, name="layers")(x, mask)
+        return x
+
+
+class DecoderStack(nn.Module):
+    """All decoder layers as one scanned layer (teacher forcing only: decoding converts
+    the parameters to the per-layer layout with `attnmt.model.layout.unstack_layers`)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        encoded: jax.Array,
+        self_mask: jax.Array,
+        cross_mask: jax.Array,
+        *,
+        train: bool,
+    ) -> jax.Array:
+        stack = _scanned(_ScanDecoderLayer, 3, self.config.num_layers)
+        x, _ = stack(self.config, train=train, name="layers")(x, encoded, self_mask, cross_mask)
+        return x
 
 
 class Transformer(nn.Module):
@@ -133,12 +227,16 @@ class Transformer(nn.Module):
         self.embed = SharedEmbedding(cfg)
         self.encoder_positions = PositionalEncoding(cfg)
         self.decoder_positions = PositionalEncoding(cfg)
-        self.encoder_layers = [
-            EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)
-        ]
-        self.decoder_layers = [
-            DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
-        ]
+        if cfg.scan_layers:
+            self.encoder_stack = EncoderStack(cfg, name="encoder")
+            self.decoder_stack = DecoderStack(cfg, name="decoder")
+        else:
+            self.encoder_layers = [
+                EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)
+            ]
+            self.decoder_layers = [
+                DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
+            ]
         self.embedding_dropout = nn.Dropout(rate=cfg.dropout_rate)
         if cfg.norm_position == "pre":
             # Pre-norm leaves each stack's output un-normalised; one LayerNorm closes it.
@@ -158,8 +256,11 @@ class Transformer(nn.Module):
         """[batch, src_len] → encoded [batch, src_len, embed]."""
         x = self._embed(src_tokens, self.encoder_positions, 0, train)
         mask = padding_mask(src_tokens, src_tokens)
-        for layer in self.encoder_layers:
-            x = layer(x, mask, train=train)
+        if self.config.scan_layers:
+            x = self.encoder_stack(x, mask, train=train)
+        else:
+            for layer in self.encoder_layers:
+                x = layer(x, mask, train=train)
         if self.config.norm_position == "pre":
             x = self.encoder_norm(x)
         return x
@@ -180,6 +281,11 @@ class Transformer(nn.Module):
         (`decode=True`): `decoder_input` is the last emitted token [batch, 1].
         """
         cross_mask = padding_mask(None, src_tokens)
+        if decode and self.config.scan_layers:
+            raise ValueError(
+                "incremental decoding needs the per-layer parameter layout: convert with "
+                "attnmt.model.layout.unstack_layers (model.scan_layers=True stacks them)"
+            )
         if decode:
             offset = self.decode_position()
             self_mask = None  # the cache builds the causal mask for its one query
@@ -188,16 +294,19 @@ class Transformer(nn.Module):
             length = decoder_input.shape[1]
             self_mask = jnp.logical_and(causal_mask(length), padding_mask(None, decoder_input))
         x = self._embed(decoder_input, self.decoder_positions, offset, train)
-        for layer in self.decoder_layers:
-            x = layer(
-                x,
-                encoded,
-                self_mask,
-                cross_mask,
-                train=train,
-                decode=decode,
-                max_decode_len=max_decode_len,
-            )
+        if self.config.scan_layers:
+            x = self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
+        else:
+            for layer in self.decoder_layers:
+                x = layer(
+                    x,
+                    encoded,
+                    self_mask,
+                    cross_mask,
+                    train=train,
+                    decode=decode,
+                    max_decode_len=max_decode_len,
+                )
         if self.config.norm_position == "pre":
             x = self.decoder_norm(x)
         logits = self.embed.attend(x).astype(jnp.float32)

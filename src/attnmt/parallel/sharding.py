@@ -28,6 +28,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     (axes.LENGTH, None),
     (axes.KV_LENGTH, None),
     (axes.KV, None),
+    (axes.LAYERS, None),  # every device holds all layers of its shard
 )
 
 
