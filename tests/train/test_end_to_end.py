@@ -152,3 +152,23 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
     assert main([*argv, "--average-last", "2"]) == 0
     hypotheses = (workdir / "decodes" / "dev-step60-avg2-beam2.tgt").read_text().splitlines()
     assert len(hypotheses) == 64 and any(hypotheses)
+
+
+def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
+    losses = []
+    for level in ("-1", "1"):
+        overrides = [
+            *_overrides(reversal_corpus, 4),
+            "--config.train.log_every_steps=4",
+            f"--config.train.xla_backend_optimization_level={level}",
+        ]
+        result = Trainer(_experiment(overrides), tmp_path / f"run{level}").run()
+        losses.append(result.last_train["loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("section", ["train", "decode"])
+def test_bad_backend_optimization_level_names_the_key(section, capsys):
+    argv = ["params", "--config", str(CONFIGS / "tiny.py")]
+    assert main([*argv, f"--config.{section}.xla_backend_optimization_level=7"]) == 2
+    assert f"{section}.xla_backend_optimization_level" in capsys.readouterr().err

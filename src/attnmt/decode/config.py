@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from attnmt.compile_options import check_level
 from attnmt.errors import ConfigError
 
 
@@ -13,10 +14,14 @@ class DecodeConfig:
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^α
     max_len_offset: int = 50  # maximum output length = input length + offset (§6.1)
     batch_sentences: int = 64
+    # XLA backend (LLVM) optimisation level of the search, 0-3; -1 = XLA's own. Lower
+    # levels shorten the compile of every bucket shape.
+    xla_backend_optimization_level: int = -1
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "batch_sentences"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"decode.{name} must be positive, got {getattr(self, name)}")
+        check_level("decode", self.xla_backend_optimization_level)
         if self.alpha < 0 or self.max_len_offset < 0:
             raise ConfigError("decode.alpha and decode.max_len_offset must be ≥ 0")

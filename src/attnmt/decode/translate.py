@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from attnmt.compile_options import compiler_options
 from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
@@ -173,7 +174,8 @@ class Translator:
                 alpha=decode.alpha,
                 max_len_offset=decode.max_len_offset,
                 max_positions=min(learned) if learned else None,
-            )
+            ),
+            compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
 
     def _source_ids(self, lines: Sequence[str], first_line: int) -> list[list[int]]:

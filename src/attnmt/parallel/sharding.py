@@ -96,6 +96,7 @@ class RuledJit:
         in_shardings: Any,
         out_shardings: Any,
         donate_argnums: tuple[int, ...] = (),
+        compiler_options: dict[str, Any] | None = None,
     ) -> None:
         self.mesh = mesh
         self._jitted = jax.jit(
@@ -103,6 +104,7 @@ class RuledJit:
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             donate_argnums=donate_argnums,
+            compiler_options=compiler_options,
         )
 
     def __call__(self, *args: Any) -> Any:
@@ -121,6 +123,7 @@ def jit_with_rules(
     in_shardings: Any,
     out_shardings: Any,
     donate_argnums: tuple[int, ...] = (),
+    compiler_options: dict[str, Any] | None = None,
 ) -> RuledJit:
     return RuledJit(
         fn,
@@ -128,6 +131,7 @@ def jit_with_rules(
         in_shardings=in_shardings,
         out_shardings=out_shardings,
         donate_argnums=donate_argnums,
+        compiler_options=compiler_options,
     )
 
 

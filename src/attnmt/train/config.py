@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from attnmt.compile_options import check_level
 from attnmt.errors import ConfigError
 
 
@@ -33,6 +34,9 @@ class TrainConfig:
     peak_tflops_per_device: float = 0.0
     profile_first_step: int = 0  # trace updates first+1 … first+num with jax.profiler
     profile_num_steps: int = 0  # 0 = no trace; written to <workdir>/profile
+    # XLA backend (LLVM) optimisation level of the train/eval steps, 0-3; -1 = XLA's own.
+    # 1 compiles the base model's step about twice as fast on a CPU (BENCHMARKS.md).
+    xla_backend_optimization_level: int = -1
 
     def __post_init__(self) -> None:
         positive = (
@@ -61,6 +65,7 @@ class TrainConfig:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
             )
+        check_level("train", self.xla_backend_optimization_level)
         if self.dropout_rng not in ("threefry", "rbg"):
             raise ConfigError(
                 f"train.dropout_rng must be 'threefry' or 'rbg', got {self.dropout_rng!r}"

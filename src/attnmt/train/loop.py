@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.compile_options import compiler_options
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
 from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
@@ -271,6 +272,7 @@ class Trainer:
         split over data × fsdp, metrics replicated. A parallelism change is a mesh change."""
         mesh, smoothing = self.mesh, self.experiment.train.label_smoothing
         rng_impl = self.experiment.train.dropout_rng
+        options = compiler_options(self.experiment.train.xla_backend_optimization_level)
         state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
         params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
         self._train_step = jit_with_rules(
@@ -286,6 +288,7 @@ class Trainer:
             in_shardings=(state_sh, batch_sh),
             out_shardings=(state_sh, scalar),
             donate_argnums=(0,),
+            compiler_options=options,
         )
         self._grad_step = jit_with_rules(
             lambda params, batch, rng: steps.compute_gradients(
@@ -294,6 +297,7 @@ class Trainer:
             mesh,
             in_shardings=(params_sh, batch_sh, scalar),
             out_shardings=(params_sh, scalar),
+            compiler_options=options,
         )
         self._apply = jit_with_rules(
             lambda state, grads, sums: steps.apply_gradients(
@@ -303,13 +307,18 @@ class Trainer:
             in_shardings=(state_sh, params_sh, scalar),
             out_shardings=(state_sh, scalar),
             donate_argnums=(0,),
+            compiler_options=options,
         )
-        self._add = jax.jit(lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b))
+        self._add = jax.jit(
+            lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b),
+            compiler_options=options,
+        )
         self._eval_step = jit_with_rules(
             functools.partial(steps.eval_step, self.model, smoothing),
             mesh,
             in_shardings=(params_sh, batch_sh),
             out_shardings=scalar,
+            compiler_options=options,
         )
 
     def _example(self) -> dict[str, np.ndarray]:
@@ -339,7 +348,9 @@ class Trainer:
             create = functools.partial(steps.create_train_state, self.model, self.optimizer)
             rng = jax.random.PRNGKey(self.experiment.train.seed)
             shardings = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
-            return jax.jit(create, out_shardings=shardings)(rng, self._example())
+            options = compiler_options(self.experiment.train.xla_backend_optimization_level)
+            init = jax.jit(create, out_shardings=shardings, compiler_options=options)
+            return init(rng, self._example())
         step, state, data_state, _ = restored
         # The position saved with the same step: the batches after it are those the
         # uninterrupted run would have drawn next.
