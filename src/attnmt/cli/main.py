@@ -92,6 +92,7 @@ def _decode_config(run, args: argparse.Namespace):
             ("alpha", args.alpha),
             ("max_len_offset", args.max_len_offset),
             ("batch_sentences", args.batch_sentences),
+            ("xla_backend_optimization_level", args.xla_opt_level),
         )
         if value is not None
     }
@@ -204,6 +205,12 @@ def _add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
     parser.add_argument("--max-len-offset", type=int, default=None)
     parser.add_argument("--batch-sentences", type=int, default=None)
+    parser.add_argument(
+        "--xla-opt-level",
+        type=int,
+        default=None,
+        help="XLA backend optimisation level 0-3 of the search (lower compiles faster)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
