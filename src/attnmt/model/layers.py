@@ -95,16 +95,18 @@ class PositionalEncoding(nn.Module):
 
 
 def dot_product_attention_weights(
-    query: jax.Array, key: jax.Array, mask: jax.Array | None
+    query: jax.Array, key: jax.Array, mask: jax.Array | None, *, heads_major: bool = False
 ) -> jax.Array:
     """softmax(Q Kᵀ / √d_k) with illegal connections masked (§3.2.1).
 
-    query [batch, q_len, heads, d_k], key [batch, kv_len, heads, d_k],
+    query [batch, q_len, heads, d_k], key [batch, kv_len, heads, d_k] (or, with
+    `heads_major`, [batch, heads, kv_len, d_k] as the decode caches store it),
     mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend).
     Returns float32 weights [batch, heads, q_len, kv_len].
     """
     d_k = query.shape[-1]
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) / math.sqrt(d_k)
+    equation = "bqhd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
+    logits = jnp.einsum(equation, query, key).astype(jnp.float32) / math.sqrt(d_k)
     if mask is not None:
         logits = jnp.where(mask, logits, _MASKED)
     return jax.nn.softmax(logits, axis=-1)
@@ -178,20 +180,25 @@ class MultiHeadAttention(nn.Module):
         cfg = self.config
         query = self._project(inputs_q, cfg.d_k, "query")  # [batch, q_len, heads, d_k]
         query = constrain(query, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
+        # Decode caches hold keys/values heads-major, [batch, heads, kv_len, d]: the layout
+        # the attention matmuls read, so no step re-transposes a whole cache.
         if decode and self.static_kv:
             key, value = self._cached_encoder_kv(inputs_kv)
         elif decode:
             key, value, mask = self._append_to_cache(inputs_kv, max_decode_len)
         else:
             key, value = self._keys_values(inputs_kv)
-        key = constrain(key, (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV))
-        value = constrain(value, (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV))
+        kv_names = (axes.BATCH, axes.HEADS, axes.KV_LENGTH, axes.KV)
+        if not decode:
+            kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV)
+        key, value = constrain(key, kv_names), constrain(value, kv_names)
 
-        weights = dot_product_attention_weights(query, key, mask)
+        weights = dot_product_attention_weights(query, key, mask, heads_major=decode)
         self.sow("intermediates", "attention_weights", weights)
         if train and cfg.attention_dropout_rate > 0:
             weights = nn.Dropout(rate=cfg.attention_dropout_rate)(weights, deterministic=False)
-        heads = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+        mix = "bhqk,bhkd->bqhd" if decode else "bhqk,bkhd->bqhd"
+        heads = jnp.einsum(mix, weights.astype(value.dtype), value)
         heads = constrain(heads, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
         output = HeadProjection(  # Concat(head_1..head_h) W^O
             kernel_shape=(cfg.num_heads, cfg.d_v, cfg.d_model),
@@ -207,7 +214,7 @@ class MultiHeadAttention(nn.Module):
         # Projected once when the cache is created, then reused at every step.
         created = not self.has_variable("cache", "cached_key")
         if created:
-            key, value = self._keys_values(inputs_kv)
+            key, value = map(_heads_major, self._keys_values(inputs_kv))
         else:
             key = value = None
         cached_key = self.variable("cache", "cached_key", lambda: key)
@@ -224,30 +231,35 @@ class MultiHeadAttention(nn.Module):
         if created and max_decode_len <= 0:
             raise ValueError("max_decode_len must be positive when creating a decode cache")
         cached_key = self.variable(
-            "cache", "cached_key", jnp.zeros, (batch, max_decode_len, cfg.num_heads, cfg.d_k), dtype
+            "cache", "cached_key", jnp.zeros, (batch, cfg.num_heads, max_decode_len, cfg.d_k), dtype
         )
         cached_value = self.variable(
             "cache",
             "cached_value",
             jnp.zeros,
-            (batch, max_decode_len, cfg.num_heads, cfg.d_v),
+            (batch, cfg.num_heads, max_decode_len, cfg.d_v),
             dtype,
         )
         index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        key, value = self._keys_values(inputs_kv)  # [batch, 1, heads, d]
+        key, value = map(_heads_major, self._keys_values(inputs_kv))  # [batch, heads, 1, d]
         if created:
             # Creating the cache only records shapes; nothing is decoded yet.
             return key, value, jnp.ones((1, 1, 1, 1), bool)
         i = index.value
-        cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=1)
+        cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=2)
         cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-            cached_value.value, value, i, axis=1
+            cached_value.value, value, i, axis=2
         )
         index.value = i + 1
-        length = cached_key.value.shape[1]
+        length = cached_key.value.shape[2]
         # Causal mask for the single query at position i: keys 0..i are visible.
         mask = (jnp.arange(length) <= i)[None, None, None, :]
         return cached_key.value, cached_value.value, mask
+
+
+def _heads_major(x: jax.Array) -> jax.Array:
+    """[batch, len, heads, d] → [batch, heads, len, d]."""
+    return jnp.swapaxes(x, 1, 2)
 
 
 class FeedForward(nn.Module):
