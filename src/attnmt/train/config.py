@@ -35,7 +35,8 @@ class TrainConfig:
     profile_first_step: int = 0  # trace updates first+1 … first+num with jax.profiler
     profile_num_steps: int = 0  # 0 = no trace; written to <workdir>/profile
     # XLA backend (LLVM) optimisation level of the train/eval steps, 0-3; -1 = XLA's own.
-    # 1 compiles the base model's step about twice as fast on a CPU (BENCHMARKS.md).
+    # With model.scan_layers, 1 cut the base step's compile on a 2-core CPU from 11.4 s to
+    # 5.1 s at +6 % step time (BENCHMARKS.md): for short and debugging runs.
     xla_backend_optimization_level: int = -1
 
     def __post_init__(self) -> None:
