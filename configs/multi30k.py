@@ -60,4 +60,7 @@ def get_config(arg: str | None = None):
         config.train.num_steps = 3000
         config.train.time_limit_minutes = 15.0
         config.optim.warmup_steps = 250
+        # ≈2 epochs leave nothing to regularise yet: dropout 0.1 instead of 0.2 took val
+        # sacreBLEU after 15 minutes from 17.3 to 21.9 (docs/REPRODUCING.md).
+        config.model.dropout_rate = 0.1
     return config
