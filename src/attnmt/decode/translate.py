@@ -161,7 +161,11 @@ class Translator:
             raise ValueError("at least one model is needed")
         self.tokenizer = tokenizer
         self.decode_config = decode
-        self.params_list = list(params_list)
+        # Stacked (scan_layers) checkpoints are converted once here, not inside every
+        # compiled batch; prepare_search then finds the per-layer layout already.
+        converted = [layout.for_decoding(c, p) for c, p in zip(configs, params_list, strict=True)]
+        configs = [config for config, _ in converted]
+        self.params_list = [params for _, params in converted]
         learned = [c.max_length for c in configs if c.positional == "learned"]
         self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
