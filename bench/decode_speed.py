@@ -16,9 +16,10 @@
     Every sentence therefore costs the same number of decoder steps whatever the weights,
     and so does Hugging Face `generate` on a MarianMTModel of the same size with
     min_new_tokens = max_new_tokens = --out-len, which runs when torch and transformers are
-    installed. attnmt keeps its real decode path: a key/value cache of source length +
-    decode.max_len_offset positions, which costs it attention over masked slots that
-    generate's growing cache does not compute.
+    installed. attnmt keeps its real decode path: key/value caches that start with room for
+    decode.initial_cache_length positions and double when full, up to source length +
+    decode.max_len_offset (0: that room from the start, with attention over masked slots
+    that generate's growing cache does not compute).
 """
 
 from __future__ import annotations
@@ -116,15 +117,21 @@ def forced_decode(
     beam_size: int,
     out_len: int,
     max_len_offset: int,
+    initial_cache_length: int,
     alpha: float,
 ) -> jax.Array:
     """Like decode_batch for one model, with every output exactly `out_len` tokens."""
     batch, src_len = src_tokens.shape
-    max_decode_len = src_len + max_len_offset  # the Translator's own cache size
+    max_decode_len = src_len + max_len_offset  # the Translator's own length limit
     if max_decode_len < out_len:
         raise ValueError(f"out_len {out_len} exceeds the cache of {max_decode_len} positions")
-    step, cache = prepare_search(
-        [config], [params], src_tokens, rows=beam_size, max_decode_len=max_decode_len
+    step, cache, growth = prepare_search(
+        [config],
+        [params],
+        src_tokens,
+        rows=beam_size,
+        max_decode_len=max_decode_len,
+        initial_cache_length=initial_cache_length,
     )
     cache = (jnp.zeros((), jnp.int32), cache)
     tokens_to_logits = force_length(step, out_len)
@@ -136,6 +143,7 @@ def forced_decode(
             batch_size=batch,
             max_decode_len=max_decode_len,
             max_lengths=max_lengths,
+            cache_growth=growth,
         )
         return sequences
     sequences, _ = search.beam_search(
@@ -146,6 +154,7 @@ def forced_decode(
         max_decode_len=max_decode_len,
         alpha=alpha,
         max_lengths=max_lengths,
+        cache_growth=growth,
     )
     return sequences[:, 0]
 
@@ -177,6 +186,7 @@ def attnmt_forced(
     batch: int,
     out_len: int,
     max_len_offset: int,
+    initial_cache_length: int,
     alpha: float,
     repeats: int,
 ) -> dict[str, Any]:
@@ -187,6 +197,7 @@ def attnmt_forced(
             beam_size=beam,
             out_len=out_len,
             max_len_offset=max_len_offset,
+            initial_cache_length=initial_cache_length,
             alpha=alpha,
         )
     )
@@ -295,6 +306,7 @@ def forced_rows(
     batch: int,
     beams: list[int],
     max_len_offset: int,
+    initial_cache_length: int,
     alpha: float,
     repeats: int,
     peer: bool,
@@ -313,6 +325,7 @@ def forced_rows(
                 batch=batch,
                 out_len=out_len,
                 max_len_offset=max_len_offset,
+                initial_cache_length=initial_cache_length,
                 alpha=alpha,
                 repeats=repeats,
             )
@@ -397,6 +410,7 @@ def main() -> None:
                 batch=args.batch or experiment.decode.batch_sentences,
                 beams=args.beams,
                 max_len_offset=experiment.decode.max_len_offset,
+                initial_cache_length=experiment.decode.initial_cache_length,
                 alpha=experiment.decode.alpha,
                 repeats=args.repeats,
                 peer=peer,

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from attnmt.decode.beam_search import (
+    CacheGrowth,
     beam_search,
+    doubling_capacities,
     ensemble,
     expand_to_beams,
     greedy_search,
@@ -415,3 +417,113 @@ def test_greedy_stops_when_all_rows_finished():
     jax.effects_barrier()
     assert len(CALLS) == 1
     assert (np.asarray(seqs)[:, 0] == EOS).all() and (np.asarray(seqs)[:, 1:] == PAD).all()
+
+
+# --------------------------------------------------------------------------- growing caches
+
+
+def history_model(tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """table_model whose previous token comes from a growable history buffer.
+
+    ``history`` [rows, room] holds the token fed at each step, written at slot ``step`` and
+    read back from slot ``step - 1``. Both go through a comparison with the slot index, so
+    a buffer without room for the current step silently loses the token (reads PAD) instead
+    of clamping, and a grown buffer that moved or dropped a slot changes the logits.
+    """
+    history, step = cache["history"], cache["step"]
+    slots = jnp.arange(history.shape[1])
+    prev = jnp.sum(jnp.where(slots == step - 1, history, 0), axis=1)  # [rows], PAD at step 0
+    inner = {**cache, "prev": jax.nn.one_hot(prev, cache["table"].shape[-1], dtype=jnp.float32)}
+    del inner["history"]
+    logits, new_inner = table_model(tokens, inner)
+    new_history = jnp.where(slots == step, tokens, history)  # tokens [rows, 1]
+    return logits, {**new_inner, "history": new_history}
+
+
+def grow_history(cache: dict, room: int) -> dict:
+    history = cache["history"]
+    return {**cache, "history": jnp.pad(history, [(0, 0), (0, room - history.shape[1])])}
+
+
+def history_cache(tables: np.ndarray, room: int) -> dict:
+    cache = make_cache(tables)
+    return {**cache, "history": jnp.full((tables.shape[0], room), PAD, jnp.int32)}
+
+
+def test_doubling_capacities():
+    assert doubling_capacities(9, 0) == (9,)
+    assert doubling_capacities(9, 9) == (9,)
+    assert doubling_capacities(9, 1) == (1, 2, 4, 8, 9)
+    assert doubling_capacities(9, 3) == (3, 6, 9)
+    assert doubling_capacities(64, 16) == (16, 32, 64)
+    assert doubling_capacities(65, 16) == (16, 32, 64, 65)
+
+
+@pytest.mark.parametrize("capacities", [(1, 2, 4, 5), (2, 5), (3, 4, 5)])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_growing_cache_beam_equals_brute_force(capacities, alpha):
+    vocab, length, beam = SHAPES[1]
+    tables = random_tables(11, 3, length, vocab)
+    growth = CacheGrowth(capacities, grow_history)
+    search = jax.jit(
+        functools.partial(
+            beam_search,
+            history_model,
+            batch_size=3,
+            beam_size=beam,
+            max_decode_len=length,
+            cache_growth=growth,
+        )
+    )
+    cache = expand_to_beams(history_cache(tables, capacities[0]), beam)
+    seqs, scores = search(cache, alpha=alpha, max_lengths=jnp.full((3,), length, jnp.int32))
+    check_against_brute_force(np.asarray(seqs), np.asarray(scores), tables, [length] * 3, alpha)
+
+
+def test_history_model_needs_the_room_it_is_given():
+    # The check above can fail: the same search with a cache that never grows loses tokens.
+    vocab, length, beam = SHAPES[1]
+    tables = random_tables(11, 3, length, vocab)
+    never = CacheGrowth((2, length), lambda cache, room: cache)
+    seqs, scores = jax.jit(
+        functools.partial(
+            beam_search,
+            history_model,
+            batch_size=3,
+            beam_size=beam,
+            max_decode_len=length,
+            cache_growth=never,
+        )
+    )(expand_to_beams(history_cache(tables, 2), beam), alpha=0.0)
+    with pytest.raises(AssertionError):
+        check_against_brute_force(np.asarray(seqs), np.asarray(scores), tables, [length] * 3, 0.0)
+
+
+def test_growing_cache_greedy_matches_reference():
+    vocab, length = 6, 5
+    tables = random_tables(3, 4, length, vocab)
+    tables[0, :, :, :, EOS] += 4.0  # rows finish at different steps
+    max_lengths = jnp.asarray([5, 5, 3, 1], jnp.int32)
+    growth = CacheGrowth((1, 2, 4, 5), grow_history)
+    seqs, logps = jax.jit(
+        functools.partial(
+            greedy_search, history_model, batch_size=4, max_decode_len=length, cache_growth=growth
+        )
+    )(history_cache(tables, 1), max_lengths=max_lengths)
+    for b in range(4):
+        seq, total = greedy_reference(tables[b], int(max_lengths[b]))
+        assert strip(np.asarray(seqs)[b]) == seq
+        np.testing.assert_allclose(np.asarray(logps)[b], total, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("capacities", [(), (0, 5), (2, 2, 5), (2, 4)])
+def test_bad_capacities_are_refused(capacities):
+    tables = random_tables(0, 1, 5, 5)
+    with pytest.raises(ValueError, match="capacities"):
+        greedy_search(
+            history_model,
+            history_cache(tables, 2),
+            batch_size=1,
+            max_decode_len=5,
+            cache_growth=CacheGrowth(capacities, grow_history),
+        )

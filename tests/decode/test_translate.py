@@ -101,22 +101,25 @@ def _greedy_without_cache(model, params, src, steps):
 
 
 @pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("initial_cache_length", [0, 1, 3])
 def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
-    model_and_params, beam
+    model_and_params, beam, initial_cache_length
 ):
     config, params = model_and_params
     src = jnp.array([[5, 9, 7, EOS_ID, PAD_ID], [11, 6, 8, 12, EOS_ID], [13, EOS_ID, 0, 0, 0]])
-    got = np.asarray(
-        decode_batch(
-            [config],
-            [params],
-            src,
-            beam_size=beam,
-            alpha=0.6,
-            max_len_offset=4,
-            max_positions=None,
-        )
+    kwargs = dict(
+        beam_size=beam,
+        alpha=0.6,
+        max_len_offset=4,
+        max_positions=None,
+        initial_cache_length=initial_cache_length,
     )
+    got = np.asarray(decode_batch([config], [params], src, **kwargs))
+    if initial_cache_length:
+        # Growing caches (room 1, 2, 4, 8, 9 or 3, 6, 9) must have grown in this batch.
+        assert (got != PAD_ID).sum(axis=1).max() > 2 * initial_cache_length
+        full = decode_batch([config], [params], src, **{**kwargs, "initial_cache_length": 0})
+        np.testing.assert_array_equal(got, np.asarray(full))
     model = Transformer(config)
     if beam == 1:
         expected = _greedy_without_cache(model, params, src, got.shape[1])
@@ -129,13 +132,5 @@ def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
     # Each sentence decoded alone gives the same result: no beam attends to another
     # sentence's encoder keys/values.
     for row in range(src.shape[0]):
-        alone = decode_batch(
-            [config],
-            [params],
-            src[row : row + 1],
-            beam_size=beam,
-            alpha=0.6,
-            max_len_offset=4,
-            max_positions=None,
-        )
+        alone = decode_batch([config], [params], src[row : row + 1], **kwargs)
         np.testing.assert_array_equal(np.asarray(alone)[0], got[row])

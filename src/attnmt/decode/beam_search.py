@@ -28,10 +28,18 @@ Semantics shared by all decoders:
 Everything is jit-compatible; each decoder runs one ``lax.while_loop``, so one compilation serves
 each (batch, beam, max_decode_len) shape. Integer sizes (``batch_size``, ``beam_size``,
 ``max_decode_len``, ``top_k``) and ``temperature`` must be static; ``alpha`` may be traced.
+
+Growing caches (optional, :class:`CacheGrowth`): a key/value cache sized for
+``max_decode_len`` positions makes every step attend over, and beam search reorder, slots that
+most sentences never fill. With ``cache_growth`` the caller creates the cache with room for
+``capacities[0]`` positions; the decoder runs one while-loop per capacity and, only when some
+sentence is still unfinished at the end of one, calls ``grow(cache, next_capacity)`` and goes on.
+Results are the same as with a full-size cache; each capacity is compiled into the same program.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -45,7 +53,9 @@ TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 NEG_INF = float("-inf")
 
 __all__ = [
+    "CacheGrowth",
     "beam_search",
+    "doubling_capacities",
     "ensemble",
     "expand_to_beams",
     "greedy_search",
@@ -76,6 +86,66 @@ def length_penalty(length: jax.Array | int, alpha: jax.Array | float) -> jax.Arr
     instead; the two rank hypotheses differently, so scores are not comparable across them.
     """
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+class CacheGrowth(NamedTuple):
+    """How a decoder enlarges its cache (module docstring, "Growing caches").
+
+    ``capacities``: strictly increasing positions of room, the last equal to ``max_decode_len``;
+    the cache passed in has room for ``capacities[0]``. ``grow(cache, n)`` returns the cache with
+    room for ``n`` positions, every filled slot kept where it was.
+    """
+
+    capacities: tuple[int, ...]
+    grow: Callable[[PyTree, int], PyTree]
+
+
+def doubling_capacities(max_decode_len: int, initial: int) -> tuple[int, ...]:
+    """``(initial, 2·initial, 4·initial, ..., max_decode_len)``; ``initial <= 0`` = one size."""
+    if initial <= 0 or initial >= max_decode_len:
+        return (max_decode_len,)
+    capacities = [initial]
+    while 2 * capacities[-1] < max_decode_len:
+        capacities.append(2 * capacities[-1])
+    return (*capacities, max_decode_len)
+
+
+def _check_growth(growth: CacheGrowth | None, max_decode_len: int) -> tuple[int, ...]:
+    if growth is None:
+        return (max_decode_len,)
+    capacities = tuple(int(c) for c in growth.capacities)
+    increasing = all(a < b for a, b in itertools.pairwise(capacities))
+    if not capacities or capacities[0] < 1 or not increasing or capacities[-1] != max_decode_len:
+        raise ValueError(
+            f"cache_growth.capacities must increase strictly from >= 1 to max_decode_len = "
+            f"{max_decode_len}, got {capacities}"
+        )
+    return capacities
+
+
+def _run_until_done(
+    state: Any, body: Callable[[Any], Any], capacities: tuple[int, ...], growth: CacheGrowth | None
+) -> Any:
+    """Runs ``body`` while some sentence is unfinished, one while-loop per cache capacity.
+
+    ``state`` is a NamedTuple with ``step``, ``done`` and ``cache``; the returned state has
+    ``cache=None`` (the decoders never return it), which is what lets the branch that skips
+    the remaining capacities and the branch that grows the cache return the same structure.
+    """
+
+    def run_from(level: int, s: Any) -> Any:
+        capacity = capacities[level]
+        s = lax.while_loop(lambda s: (s.step < capacity) & ~jnp.all(s.done), body, s)
+        if level == len(capacities) - 1:
+            return s._replace(cache=None)
+
+        def grow_and_continue(s: Any) -> Any:
+            grown = growth.grow(s.cache, capacities[level + 1])
+            return run_from(level + 1, s._replace(cache=grown))
+
+        return lax.cond(jnp.all(s.done), lambda s: s._replace(cache=None), grow_and_continue, s)
+
+    return run_from(0, state)
 
 
 def _check_cache_rows(cache: PyTree, rows: int, what: str) -> None:
@@ -248,6 +318,7 @@ def beam_search(
     bos_id: int = 2,
     pad_id: int = 0,
     max_lengths: jax.Array | None = None,
+    cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty and exact early stopping.
 
@@ -262,7 +333,7 @@ def beam_search(
     best ``beam_size`` by score), the best ``beam_size`` non-EOS ones become the live beams. A
     sentence is done when no live beam can beat its worst finished hypothesis (bound: live
     log-prob / the largest reachable length penalty); the loop stops when all sentences are done
-    or after ``max_decode_len`` steps.
+    or after ``max_decode_len`` steps. ``cache_growth``: see :class:`CacheGrowth`.
 
     Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
     float32 ``[batch, beam]``. Slots for which no hypothesis exists (tiny search spaces) have
@@ -270,6 +341,7 @@ def beam_search(
     """
     rows = batch_size * beam_size
     _check_cache_rows(cache, rows, f"batch_size * beam_size = {batch_size} * {beam_size}")
+    capacities = _check_growth(cache_growth, max_decode_len)
     row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
     alpha = jnp.asarray(alpha, jnp.float32)
     shape = (batch_size, beam_size)
@@ -287,13 +359,10 @@ def beam_search(
         cache=cache,
     )
 
-    def cond(s: _BeamState) -> jax.Array:
-        return (s.step < max_decode_len) & ~jnp.all(s.done)
-
     def body(s: _BeamState) -> _BeamState:
         return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id))
 
-    final = lax.while_loop(cond, body, state)
+    final = _run_until_done(state, body, capacities, cache_growth)
     empty = jnp.isneginf(final.fin_scores)[:, :, None]  # [batch, beam, 1]
     sequences = jnp.where(empty, pad_id, final.fin_seqs)  # [batch, beam, max_decode_len]
     return sequences, final.fin_scores
@@ -318,10 +387,12 @@ def _single_path_decode(
     sizes: tuple[int, int],
     ids: tuple[int, int, int],
     max_lengths: jax.Array | None,
+    cache_growth: CacheGrowth | None,
 ) -> tuple[jax.Array, jax.Array]:
     """One hypothesis per row; ``choose(log_probs [batch, vocab], step) -> tokens [batch]``."""
     (batch_size, max_decode_len), (eos_id, bos_id, pad_id) = sizes, ids
     _check_cache_rows(cache, batch_size, f"batch_size = {batch_size}")
+    capacities = _check_growth(cache_growth, max_decode_len)
     row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
     state = _SingleState(
         step=jnp.array(0, jnp.int32),
@@ -331,9 +402,6 @@ def _single_path_decode(
         done=jnp.zeros((batch_size,), bool),
         cache=cache,
     )
-
-    def cond(s: _SingleState) -> jax.Array:
-        return (s.step < max_decode_len) & ~jnp.all(s.done)
 
     def body(s: _SingleState) -> _SingleState:
         logits, new_cache = tokens_to_logits(s.last_tok[:, None], s.cache)
@@ -345,7 +413,7 @@ def _single_path_decode(
         seqs = s.seqs.at[:, s.step].set(tok)
         return _SingleState(s.step + 1, tok, seqs, log_probs, s.done | (tok == eos_id), new_cache)
 
-    final = lax.while_loop(cond, body, state)
+    final = _run_until_done(state, body, capacities, cache_growth)
     return final.seqs, final.log_probs
 
 
@@ -359,19 +427,23 @@ def greedy_search(
     bos_id: int = 2,
     pad_id: int = 0,
     max_lengths: jax.Array | None = None,
+    cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Greedy (argmax) decoding; stops as soon as every row has emitted EOS.
 
     ``cache`` has ``batch_size`` rows. Returns ``sequences`` int32 ``[batch, max_decode_len]``
     (EOS included, ``pad_id`` after it) and ``log_probs`` float32 ``[batch]``: the model's
-    log-probability of the sequence, without length penalty. Length limits as in beam search.
+    log-probability of the sequence, without length penalty. Length limits and
+    ``cache_growth`` as in beam search.
     """
 
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
         return jnp.argmax(logp, axis=-1)
 
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
-    return _single_path_decode(tokens_to_logits, cache, choose, sizes, ids, max_lengths)
+    return _single_path_decode(
+        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
+    )
 
 
 def sample(
@@ -387,6 +459,7 @@ def sample(
     bos_id: int = 2,
     pad_id: int = 0,
     max_lengths: jax.Array | None = None,
+    cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Ancestral sampling from ``softmax(logits / temperature)``, optionally top-k truncated.
 
@@ -405,7 +478,13 @@ def sample(
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
     if temperature == 0:
-        kwargs = dict(eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, max_lengths=max_lengths)
+        kwargs = dict(
+            eos_id=eos_id,
+            bos_id=bos_id,
+            pad_id=pad_id,
+            max_lengths=max_lengths,
+            cache_growth=cache_growth,
+        )
         return greedy_search(
             tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
         )
@@ -420,7 +499,9 @@ def sample(
         return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
 
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
-    return _single_path_decode(tokens_to_logits, cache, choose, sizes, ids, max_lengths)
+    return _single_path_decode(
+        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
+    )
 
 
 # --------------------------------------------------------------------------- ensembles

@@ -14,6 +14,10 @@ class DecodeConfig:
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^α
     max_len_offset: int = 50  # maximum output length = input length + offset (§6.1)
     batch_sentences: int = 64
+    # Self-attention caches start with room for this many output positions and double
+    # when a batch needs more (0 = room for the longest output from the start): steps then
+    # attend over, and beam search reorders, about as many slots as are filled.
+    initial_cache_length: int = 16
     # XLA backend (LLVM) optimisation level of the search, 0-3; -1 = XLA's own. Lower
     # levels shorten the compile of every bucket shape.
     xla_backend_optimization_level: int = -1
@@ -23,5 +27,9 @@ class DecodeConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"decode.{name} must be positive, got {getattr(self, name)}")
         check_level("decode", self.xla_backend_optimization_level)
+        if self.initial_cache_length < 0:
+            raise ConfigError(
+                f"decode.initial_cache_length must be ≥ 0, got {self.initial_cache_length}"
+            )
         if self.alpha < 0 or self.max_len_offset < 0:
             raise ConfigError("decode.alpha and decode.max_len_offset must be ≥ 0")

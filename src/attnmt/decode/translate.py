@@ -81,6 +81,25 @@ def _step_fn(
     return carried, tokens_to_logits
 
 
+_SELF_ATTENTION_CACHE = ("cached_key", "cached_value")
+
+
+def grow_self_attention_caches(cache: Any, length: int) -> Any:
+    """Pads every self-attention key/value cache in `cache` to room for `length` positions.
+
+    Works on any pytree holding the model's caches (one model's, an ensemble's tuple, a
+    wrapper's): leaves named cached_key/cached_value are [rows, heads, room, d] and get zero
+    slots appended; the decode step reads the room from the array, and masks unfilled slots.
+    """
+
+    def pad(path: tuple[Any, ...], leaf: jax.Array) -> jax.Array:
+        if getattr(path[-1], "key", None) not in _SELF_ATTENTION_CACHE:
+            return leaf
+        return jnp.pad(leaf, [(0, 0), (0, 0), (0, length - leaf.shape[2]), (0, 0)])
+
+    return jax.tree_util.tree_map_with_path(pad, cache)
+
+
 def prepare_search(
     configs: Sequence[ModelConfig],
     params_list: Sequence[Any],
@@ -88,20 +107,29 @@ def prepare_search(
     *,
     rows: int,
     max_decode_len: int,
-) -> tuple[search.TokensToLogits, Any]:
-    """`(tokens_to_logits, cache)` for the searches of beam_search.py, `rows` per sentence.
+    initial_cache_length: int = 0,
+) -> tuple[search.TokensToLogits, Any, search.CacheGrowth | None]:
+    """`(tokens_to_logits, cache, cache_growth)` for the searches of beam_search.py.
 
-    Several models are ensembled (their log-probabilities averaged).
+    `rows` per sentence; several models are ensembled (their log-probabilities averaged).
+    With `initial_cache_length` > 0 the self-attention caches start with that much room and
+    double when full (`cache_growth`, to pass on to the search); with 0 they hold
+    `max_decode_len` positions from the start and `cache_growth` is None.
     """
+    capacities = search.doubling_capacities(max_decode_len, initial_cache_length)
     fns, caches = [], []
     for config, params in zip(configs, params_list, strict=True):
         config, params = layout.for_decoding(config, params)
-        cache, step = _step_fn(Transformer(config), params, src_tokens, max_decode_len, rows)
+        model = Transformer(config)
+        cache, step = _step_fn(model, params, src_tokens, capacities[0], rows)
         fns.append(step)
         caches.append(cache)
+    growth = None
+    if len(capacities) > 1:
+        growth = search.CacheGrowth(capacities, grow_self_attention_caches)
     if len(fns) == 1:
-        return fns[0], caches[0]
-    return search.ensemble(fns), tuple(caches)
+        return fns[0], caches[0], growth
+    return search.ensemble(fns), tuple(caches), growth
 
 
 def decode_batch(
@@ -113,14 +141,20 @@ def decode_batch(
     alpha: float,
     max_len_offset: int,
     max_positions: int | None,
+    initial_cache_length: int = 0,
 ) -> jax.Array:
     """Best output token ids [batch, max_decode_len] for a padded source batch."""
     batch, src_len = src_tokens.shape
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
         max_decode_len = min(max_decode_len, max_positions)
-    tokens_to_logits, cache = prepare_search(
-        configs, params_list, src_tokens, rows=beam_size, max_decode_len=max_decode_len
+    tokens_to_logits, cache, growth = prepare_search(
+        configs,
+        params_list,
+        src_tokens,
+        rows=beam_size,
+        max_decode_len=max_decode_len,
+        initial_cache_length=initial_cache_length,
     )
     real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
     # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
@@ -132,6 +166,7 @@ def decode_batch(
             batch_size=batch,
             max_decode_len=max_decode_len,
             max_lengths=max_lengths,
+            cache_growth=growth,
         )
         return sequences
     sequences, _ = search.beam_search(
@@ -142,6 +177,7 @@ def decode_batch(
         max_decode_len=max_decode_len,
         alpha=alpha,
         max_lengths=max_lengths,
+        cache_growth=growth,
     )
     return sequences[:, 0]
 
@@ -178,6 +214,7 @@ class Translator:
                 alpha=decode.alpha,
                 max_len_offset=decode.max_len_offset,
                 max_positions=min(learned) if learned else None,
+                initial_cache_length=decode.initial_cache_length,
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
