@@ -38,8 +38,9 @@ import jax.numpy as jnp
 KINDS = (
     ("copy / transpose", re.compile(r"^(copy|transpose|wrapped_transpose|.*copy.*fusion)")),
     ("sort / top-k / custom call", re.compile(r"^(custom-call|sort|topk)")),
-    ("control flow", re.compile(r"^(while|cond|conditional|call)")),
 )
+# A while/cond event spans the ops of its body, which are events of their own.
+CONTAINER = re.compile(r"^(while|cond|conditional|call)(\.\d+)?$")
 MATMUL = "matmul (dot, or a fusion around one)"
 OTHER = "other fusions (elementwise, reductions, gathers)"
 
@@ -88,14 +89,14 @@ def read_trace(trace_dir: str) -> list[dict[str, Any]]:
 
 
 def op_totals(events: list[dict[str, Any]]) -> collections.Counter:
-    """Summed duration (µs) per HLO instruction; runtime and Python events left out."""
+    """Summed duration (µs) per HLO instruction; runtime, Python and loop events left out."""
     totals: collections.Counter = collections.Counter()
     for event in events:
         name = event.get("name", "")
         if event.get("ph") != "X" or name.startswith(("$", "ThunkExecutor", "Slinky", "Pjit")):
             continue
         args = event.get("args") or {}
-        if "hlo_op" not in args:
+        if "hlo_op" not in args or CONTAINER.match(args["hlo_op"]):
             continue
         totals[args["hlo_op"]] += event.get("dur", 0)
     return totals
