@@ -106,9 +106,9 @@ def summarise(totals: collections.Counter, hlo_text: str, steps: int, top: int) 
     names, matmul_ops = op_names(hlo_text), matmul_instructions(hlo_text)
     total = sum(totals.values()) or 1
     lines = [
-        f"summed op time {total / 1e3 / steps:.1f} ms per step",
+        f"summed op time {total / 1e3 / steps:.1f} ms per call (one train step or one search)",
         "",
-        "| kind | ms per step | share |",
+        "| kind | ms per call | share |",
         "|---|---|---|",
     ]
     by_kind: collections.Counter = collections.Counter()
@@ -116,7 +116,7 @@ def summarise(totals: collections.Counter, hlo_text: str, steps: int, top: int) 
         by_kind[kind_of(op, matmul_ops)] += micros
     for kind, micros in by_kind.most_common():
         lines.append(f"| {kind} | {micros / 1e3 / steps:.1f} | {micros / total:.1%} |")
-    lines += ["", "| HLO op | kind | ms per step | share | from |", "|---|---|---|---|---|"]
+    lines += ["", "| HLO op | kind | ms per call | share | from |", "|---|---|---|---|---|"]
     for op, micros in totals.most_common(top):
         origin = names.get(op, "").replace("|", "/")[:90]
         kind = kind_of(op, matmul_ops).split(" ")[0]
@@ -219,7 +219,7 @@ def main() -> None:
         for _ in range(args.steps):
             inputs = feed(common.block(compiled(*inputs)), inputs)
     wall = (time.perf_counter() - start) / args.steps
-    print(f"wall {wall * 1e3:.1f} ms per step (traced); trace in {trace_dir}")
+    print(f"wall {wall * 1e3:.1f} ms per call (traced); trace in {trace_dir}")
     totals = op_totals(read_trace(trace_dir))
     print(summarise(totals, compiled.as_text(), args.steps, args.top))
 
