@@ -7,12 +7,12 @@
 
 Runs the workload once untraced (compilation, warmup), then `--steps` times inside
 `jax.profiler.trace` and reads the trace's Perfetto JSON back: every XLA:CPU thunk is one
-event named after its HLO instruction. The tables give milliseconds per step for the
-`--top` instructions, each with the JAX operation it came from (the `op_name` metadata of
-the compiled HLO), and the same time summed by kind: matmuls (dots and the fusions built
-around one), copies and transposes, other fusions (elementwise, reductions, gathers),
-sorts/top-k (custom calls). Shares are of the summed op time, which can exceed the wall
-time when the runtime runs independent ops concurrently.
+event named after its HLO instruction. The tables give milliseconds per call (one train
+step, or one whole search) for the `--top` instructions, each with the JAX operation it
+came from (the `op_name` metadata of the compiled HLO), and the same time summed by kind:
+matmuls (dots and the fusions built around one), copies and transposes, other fusions
+(elementwise, reductions, gathers), sorts/top-k (custom calls). Shares are of the summed
+op time, which can exceed the wall time when the runtime runs independent ops concurrently.
 
 The trace directory can also be opened in TensorBoard's profile plugin (xprof).
 """
