@@ -134,3 +134,16 @@ def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
     for row in range(src.shape[0]):
         alone = decode_batch([config], [params], src[row : row + 1], **kwargs)
         np.testing.assert_array_equal(np.asarray(alone)[0], got[row])
+
+
+def test_ensemble_with_growing_caches_matches_full_caches(model_and_params):
+    # An ensemble carries a tuple of caches; growing must reach every member's.
+    config, params = model_and_params
+    tokens = jnp.ones((1, 8), jnp.int32)
+    other = nn.meta.unbox(Transformer(config).init(jax.random.PRNGKey(1), tokens, tokens)["params"])
+    src = jnp.array([[5, 9, 7, EOS_ID, PAD_ID], [11, 6, 8, 12, EOS_ID]])
+    kwargs = dict(beam_size=2, alpha=0.6, max_len_offset=6, max_positions=None)
+    full = decode_batch([config, config], [params, other], src, **kwargs, initial_cache_length=0)
+    grown = decode_batch([config, config], [params, other], src, **kwargs, initial_cache_length=2)
+    assert (np.asarray(full) != PAD_ID).sum(axis=1).max() > 4  # room 2 → 4 → 8 → 11 was used
+    np.testing.assert_array_equal(np.asarray(grown), np.asarray(full))
