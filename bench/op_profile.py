@@ -129,31 +129,12 @@ def train_workload(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], Any]
     """(jitted step, initial arguments, how to feed the output back in)."""
     import train_throughput as throughput
 
-    from attnmt.model.transformer import Transformer
-    from attnmt.train import step as steps
-    from attnmt.train.optim import make_optimizer, paper_schedule
-
     workload = throughput.build_workload(
         args.config, args.dtype, pool=2, overrides=tuple(args.override)
     )
-    experiment = workload.experiment
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    optim = experiment.optim
-    schedule = paper_schedule(
-        experiment.model.d_model, optim.warmup_steps, optim.learning_rate_scale
-    )
-    step = functools.partial(
-        steps.train_step,
-        model,
-        optimizer,
-        schedule,
-        experiment.train.label_smoothing,
-        rng_impl=experiment.train.dropout_rng,
-    )
+    step, create = throughput.train_step_parts(workload.experiment)
     batch = jax.device_put(workload.batches[0])
-    create = jax.jit(functools.partial(steps.create_train_state, model, optimizer))
-    state = common.block(create(jax.random.PRNGKey(0), batch))
+    state = common.block(jax.jit(create)(jax.random.PRNGKey(0), batch))
     shapes = {k: v.shape for k, v in workload.batches[0].items()}
     print(f"train step of {args.config} on {workload.data}, batch {shapes}", file=sys.stderr)
     return jax.jit(step, donate_argnums=(0,)), (state, batch), lambda out, prev: (out[0], prev[1])

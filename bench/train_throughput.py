@@ -131,6 +131,24 @@ def _shape_key(batch: dict[str, np.ndarray]) -> tuple[tuple[int, ...], tuple[int
     return batch["src_tokens"].shape, batch["tgt_tokens"].shape
 
 
+def train_step_parts(experiment: Any) -> tuple[Any, Any]:
+    """(train_step(state, batch), create_train_state(rng, batch)) of an experiment, unjitted:
+    the project's own step with its optimizer, schedule, label smoothing and dropout RNG."""
+    model = Transformer(experiment.model)
+    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
+    d_model, optim = experiment.model.d_model, experiment.optim
+    schedule = paper_schedule(d_model, optim.warmup_steps, optim.learning_rate_scale)
+    step = functools.partial(
+        steps.train_step,
+        model,
+        optimizer,
+        schedule,
+        experiment.train.label_smoothing,
+        rng_impl=experiment.train.dropout_rng,
+    )
+    return step, functools.partial(steps.create_train_state, model, optimizer)
+
+
 def time_attnmt(
     workload: Workload,
     *,
@@ -145,29 +163,11 @@ def time_attnmt(
     (cycled) until both `min_steps` and `min_seconds` are reached, or `max_seconds` have
     been timed over at least two steps."""
     experiment = workload.experiment
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    schedule = paper_schedule(
-        experiment.model.d_model,
-        experiment.optim.warmup_steps,
-        experiment.optim.learning_rate_scale,
-    )
+    step, create = train_step_parts(experiment)
     options = compiler_options(experiment.train.xla_backend_optimization_level)
-    step_fn = jax.jit(
-        functools.partial(
-            steps.train_step,
-            model,
-            optimizer,
-            schedule,
-            experiment.train.label_smoothing,
-            rng_impl=experiment.train.dropout_rng,
-        ),
-        donate_argnums=(0,),
-        compiler_options=options,
-    )
+    step_fn = jax.jit(step, donate_argnums=(0,), compiler_options=options)
     first = workload.batches[0]
     start = time.perf_counter()
-    create = functools.partial(steps.create_train_state, model, optimizer)
     state = common.block(jax.jit(create, compiler_options=options)(jax.random.PRNGKey(seed), first))
     init_seconds = time.perf_counter() - start
     device_batches = [jax.device_put(b) for b in workload.batches]

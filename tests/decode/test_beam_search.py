@@ -459,44 +459,41 @@ def test_doubling_capacities():
     assert doubling_capacities(65, 16) == (16, 32, 64, 65)
 
 
-@pytest.mark.parametrize("capacities", [(1, 2, 4, 5), (2, 5), (3, 4, 5)])
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_growing_cache_beam_equals_brute_force(capacities, alpha):
-    vocab, length, beam = SHAPES[1]
-    tables = random_tables(11, 3, length, vocab)
-    growth = CacheGrowth(capacities, grow_history)
+def growing_beam_search(tables: np.ndarray, growth: CacheGrowth, alpha: float):
+    """Beam search of history_model over SHAPES[1]'s beam and length, with ``growth``."""
+    _, length, beam = SHAPES[1]
     search = jax.jit(
         functools.partial(
             beam_search,
             history_model,
-            batch_size=3,
+            batch_size=tables.shape[0],
             beam_size=beam,
             max_decode_len=length,
             cache_growth=growth,
         )
     )
-    cache = expand_to_beams(history_cache(tables, capacities[0]), beam)
-    seqs, scores = search(cache, alpha=alpha, max_lengths=jnp.full((3,), length, jnp.int32))
-    check_against_brute_force(np.asarray(seqs), np.asarray(scores), tables, [length] * 3, alpha)
+    cache = expand_to_beams(history_cache(tables, growth.capacities[0]), beam)
+    seqs, scores = search(cache, alpha=alpha)
+    return np.asarray(seqs), np.asarray(scores)
+
+
+@pytest.mark.parametrize("capacities", [(1, 2, 4, 5), (2, 5), (3, 4, 5)])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_growing_cache_beam_equals_brute_force(capacities, alpha):
+    vocab, length, _ = SHAPES[1]
+    tables = random_tables(11, 3, length, vocab)
+    seqs, scores = growing_beam_search(tables, CacheGrowth(capacities, grow_history), alpha)
+    check_against_brute_force(seqs, scores, tables, [length] * 3, alpha)
 
 
 def test_history_model_needs_the_room_it_is_given():
     # The check above can fail: the same search with a cache that never grows loses tokens.
-    vocab, length, beam = SHAPES[1]
+    vocab, length, _ = SHAPES[1]
     tables = random_tables(11, 3, length, vocab)
     never = CacheGrowth((2, length), lambda cache, room: cache)
-    seqs, scores = jax.jit(
-        functools.partial(
-            beam_search,
-            history_model,
-            batch_size=3,
-            beam_size=beam,
-            max_decode_len=length,
-            cache_growth=never,
-        )
-    )(expand_to_beams(history_cache(tables, 2), beam), alpha=0.0)
+    seqs, scores = growing_beam_search(tables, never, 0.0)
     with pytest.raises(AssertionError):
-        check_against_brute_force(np.asarray(seqs), np.asarray(scores), tables, [length] * 3, 0.0)
+        check_against_brute_force(seqs, scores, tables, [length] * 3, 0.0)
 
 
 def test_growing_cache_greedy_matches_reference():
