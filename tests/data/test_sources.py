@@ -118,6 +118,24 @@ def test_multi30k_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert pairs == list(zip(texts["en"], texts["de"], strict=True))
 
 
+def test_multi30k_folder_recorded_for_later_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run trained with only the environment variable set records the absolute folder,
+    # so that `attnmt evaluate` later, without it and from elsewhere, reads the same files.
+    texts = write_multi30k(tmp_path / "m30k", "val", 3)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(sources.MULTI30K_ENV, "m30k")
+    recorded = sources.multi30k_recorded_dir(None)
+    assert recorded == str((tmp_path / "m30k").resolve())
+    monkeypatch.delenv(sources.MULTI30K_ENV)
+    monkeypatch.chdir("/")
+    pairs = multi30k_pairs("val", "en", "de", data_dir=recorded)
+    assert pairs == list(zip(texts["en"], texts["de"], strict=True))
+    assert sources.multi30k_recorded_dir("given/dir") == "given/dir"  # explicit wins
+    assert sources.multi30k_recorded_dir(None) is None  # nothing to record: download
+
+
 @pytest.mark.parametrize(("split", "src", "tgt"), [("dev2", "en", "de"), ("val", "en", "xx")])
 def test_multi30k_bad_names(split: str, src: str, tgt: str) -> None:
     with pytest.raises(DataError, match="multi30k"):

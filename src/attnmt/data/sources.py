@@ -132,6 +132,16 @@ def _download(url: str, dest: Path) -> None:
         raise
 
 
+def multi30k_recorded_dir(data_dir: str | None) -> str | None:
+    """The folder to record in a run's config: ``data_dir``, else ``$ATTNMT_MULTI30K_DIR``
+    made absolute, so that evaluating the run later finds the same files without the
+    variable (and from another working directory)."""
+    if data_dir:
+        return data_dir
+    env_dir = os.environ.get(MULTI30K_ENV)
+    return str(Path(env_dir).expanduser().resolve()) if env_dir else None
+
+
 def multi30k_pairs(
     split: str,
     src_lang: str,

@@ -21,6 +21,7 @@ from attnmt.compile_options import compiler_options
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
 from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
+from attnmt.data.sources import multi30k_recorded_dir
 from attnmt.decode.evaluation import score
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError, DataError
@@ -191,6 +192,11 @@ class Trainer:
         workdir: str | Path,
         memory_limit_bytes: int | None = None,
     ) -> None:
+        if experiment.data.source == "multi30k":
+            data_dir = multi30k_recorded_dir(experiment.data.data_dir)
+            experiment = dataclasses.replace(
+                experiment, data=dataclasses.replace(experiment.data, data_dir=data_dir)
+            )
         self.experiment = experiment
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
