@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnmt.decode import beam_search as search
-from attnmt.decode.translate import Translator, prepare_search
+from attnmt.decode.translate import Translator, best_sequences, prepare_search
 from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
 from attnmt.model.transformer import Transformer
 
@@ -135,28 +135,15 @@ def forced_decode(
     )
     cache = (jnp.zeros((), jnp.int32), cache)
     tokens_to_logits = force_length(step, out_len)
-    max_lengths = jnp.full((batch,), out_len, jnp.int32)
-    if beam_size == 1:
-        sequences, _ = search.greedy_search(
-            tokens_to_logits,
-            cache,
-            batch_size=batch,
-            max_decode_len=max_decode_len,
-            max_lengths=max_lengths,
-            cache_growth=growth,
-        )
-        return sequences
-    sequences, _ = search.beam_search(
+    return best_sequences(
         tokens_to_logits,
         cache,
-        batch_size=batch,
+        growth,
         beam_size=beam_size,
-        max_decode_len=max_decode_len,
         alpha=alpha,
-        max_lengths=max_lengths,
-        cache_growth=growth,
+        max_lengths=jnp.full((batch,), out_len, jnp.int32),
+        max_decode_len=max_decode_len,
     )
-    return sequences[:, 0]
 
 
 def random_sources(n: int, src_len: int, vocab: int, seed: int = 0) -> np.ndarray:

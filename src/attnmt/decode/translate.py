@@ -144,7 +144,7 @@ def decode_batch(
     initial_cache_length: int = 0,
 ) -> jax.Array:
     """Best output token ids [batch, max_decode_len] for a padded source batch."""
-    batch, src_len = src_tokens.shape
+    src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
         max_decode_len = min(max_decode_len, max_positions)
@@ -159,6 +159,30 @@ def decode_batch(
     real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
     # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
     max_lengths = jnp.where(real_lengths > 0, real_lengths + max_len_offset, 1)
+    return best_sequences(
+        tokens_to_logits,
+        cache,
+        growth,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_lengths=max_lengths,
+        max_decode_len=max_decode_len,
+    )
+
+
+def best_sequences(
+    tokens_to_logits: search.TokensToLogits,
+    cache: Any,
+    growth: search.CacheGrowth | None,
+    *,
+    beam_size: int,
+    alpha: float,
+    max_lengths: jax.Array,
+    max_decode_len: int,
+) -> jax.Array:
+    """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
+    beam 1, beam search otherwise. `max_lengths` [batch] bounds each sentence's output."""
+    batch = max_lengths.shape[0]
     if beam_size == 1:
         sequences, _ = search.greedy_search(
             tokens_to_logits,
