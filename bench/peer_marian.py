@@ -235,17 +235,7 @@ def main() -> None:
     rows, ratios = [], []
     for config_name in args.configs:
         for dtype in args.dtypes:
-            workload = train_throughput.build_workload(
-                config_name,
-                dtype,
-                data=args.data,
-                shape=args.shape,
-                fill=args.fill,
-                pool=args.pool,
-                data_dir=args.data_dir,
-                data_workdir=args.data_workdir,
-                overrides=tuple(args.override),
-            )
+            workload = train_throughput.workload_from_args(args, config_name, dtype)
             timing = {
                 "min_steps": args.min_steps,
                 "min_seconds": args.min_seconds,

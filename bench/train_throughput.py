@@ -121,6 +121,21 @@ def build_workload(
     return Workload(config_name, experiment, batches, f"random {batch}x{length}{fill_note}")
 
 
+def workload_from_args(args: argparse.Namespace, config_name: str, dtype: str) -> Workload:
+    """build_workload with the options of add_workload_args."""
+    return build_workload(
+        config_name,
+        dtype,
+        data=args.data,
+        shape=args.shape,
+        fill=args.fill,
+        pool=args.pool,
+        data_dir=args.data_dir,
+        data_workdir=args.data_workdir,
+        overrides=tuple(args.override),
+    )
+
+
 def _random_batches(
     rng: np.random.Generator, count: int, batch: int, length: int, vocab: int, fill: float
 ) -> list[dict[str, np.ndarray]]:
@@ -345,17 +360,7 @@ def main() -> None:
     rows = []
     for config_name in args.configs:
         for dtype in args.dtypes:
-            workload = build_workload(
-                config_name,
-                dtype,
-                data=args.data,
-                shape=args.shape,
-                fill=args.fill,
-                pool=args.pool,
-                data_dir=args.data_dir,
-                data_workdir=args.data_workdir,
-                overrides=tuple(args.override),
-            )
+            workload = workload_from_args(args, config_name, dtype)
             row = time_attnmt(
                 workload,
                 min_steps=args.min_steps,
