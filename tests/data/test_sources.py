@@ -126,14 +126,14 @@ def test_multi30k_folder_recorded_for_later_commands(
     texts = write_multi30k(tmp_path / "m30k", "val", 3)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(sources.MULTI30K_ENV, "m30k")
-    recorded = sources.multi30k_recorded_dir(None)
+    recorded = sources.multi30k_recorded_dir("")
     assert recorded == str((tmp_path / "m30k").resolve())
     monkeypatch.delenv(sources.MULTI30K_ENV)
     monkeypatch.chdir("/")
     pairs = multi30k_pairs("val", "en", "de", data_dir=recorded)
     assert pairs == list(zip(texts["en"], texts["de"], strict=True))
     assert sources.multi30k_recorded_dir("given/dir") == "given/dir"  # explicit wins
-    assert sources.multi30k_recorded_dir(None) is None  # nothing to record: download
+    assert sources.multi30k_recorded_dir("") == ""  # nothing to record: download
 
 
 @pytest.mark.parametrize(("split", "src", "tgt"), [("dev2", "en", "de"), ("val", "en", "xx")])

@@ -132,14 +132,14 @@ def _download(url: str, dest: Path) -> None:
         raise
 
 
-def multi30k_recorded_dir(data_dir: str | None) -> str | None:
+def multi30k_recorded_dir(data_dir: str) -> str:
     """The folder to record in a run's config: ``data_dir``, else ``$ATTNMT_MULTI30K_DIR``
     made absolute, so that evaluating the run later finds the same files without the
-    variable (and from another working directory)."""
-    if data_dir:
-        return data_dir
+    variable (and from another working directory); "" when neither is set (download)."""
     env_dir = os.environ.get(MULTI30K_ENV)
-    return str(Path(env_dir).expanduser().resolve()) if env_dir else None
+    if data_dir or not env_dir:
+        return data_dir
+    return str(Path(env_dir).expanduser().resolve())
 
 
 def multi30k_pairs(
