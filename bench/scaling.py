@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import sys
 import time
 from typing import Any
@@ -34,9 +33,6 @@ import numpy as np
 import train_throughput
 
 from attnmt.data.batching import assign_buckets, bucket_shapes
-from attnmt.model.transformer import Transformer
-from attnmt.train import step as steps
-from attnmt.train.optim import make_optimizer, paper_schedule
 
 
 def random_workload(
@@ -113,20 +109,8 @@ def padding_of(
 def compile_seconds(experiment: Any, shapes: list[tuple[int, int]]) -> list[float]:
     """Ahead-of-time compile time of the train step for each shape, from a cold cache."""
     jax.clear_caches()  # shapes shared between sweeps must not come from the cache
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    schedule = paper_schedule(
-        experiment.model.d_model,
-        experiment.optim.warmup_steps,
-        experiment.optim.learning_rate_scale,
-    )
-    step_fn = jax.jit(
-        functools.partial(
-            steps.train_step, model, optimizer, schedule, experiment.train.label_smoothing
-        ),
-        donate_argnums=(0,),
-    )
-    create = functools.partial(steps.create_train_state, model, optimizer)
+    step, create = train_throughput.train_step_parts(experiment)
+    step_fn = jax.jit(step, donate_argnums=(0,))
     seconds = []
     for batch, length in shapes:
         example = {
