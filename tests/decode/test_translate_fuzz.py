@@ -33,7 +33,6 @@ WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  
 # the vocabulary below holds a piece with it and the model can emit it.
 AWKWARD = ["\x00", "\r", "\n", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\ufeff"]
 EXAMPLES = 30
-tried: list[int] = []
 
 
 @pytest.fixture(scope="module")
@@ -90,25 +89,24 @@ line = st.one_of(
 )
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(lines=st.lists(line, max_size=6))
-def test_translate_returns_one_line_per_input_whatever_the_text(translator, lines):
-    tried.append(len(lines))
-    outputs = translator.translate(lines)
-    assert len(outputs) == len(lines)
-    for source, output in zip(lines, outputs, strict=True):
-        assert isinstance(output, str)
-        assert "\n" not in output and "\r" not in output
-        if not source.strip():
-            assert output == ""
+def test_translate_returns_one_line_per_input_whatever_the_text(translator):
+    tried: list[int] = []  # the length of each list hypothesis tried
 
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(lines=st.lists(line, max_size=6))
+    def check(lines):
+        tried.append(len(lines))
+        outputs = translator.translate(lines)
+        assert len(outputs) == len(lines)
+        for source, output in zip(lines, outputs, strict=True):
+            assert isinstance(output, str)
+            assert "\n" not in output and "\r" not in output
+            if not source.strip():
+                assert output == ""
 
-def test_fuzzing_tried_enough_inputs():
-    # Reported by the test run (-s); hypothesis may stop early only if the space is exhausted.
+    check()
+    # Reported by the test run (-s). Hypothesis runs max_examples examples unless it
+    # exhausts the strategy, which unbounded text cannot be: fewer means it was cut short.
     print(f"fuzzed translate with {len(tried)} lists, {sum(tried)} lines")
     assert len(tried) >= EXAMPLES
 

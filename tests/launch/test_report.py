@@ -2,7 +2,7 @@
 
 import csv
 import json
-import time
+import struct
 
 import pytest
 from tensorboardX import SummaryWriter
@@ -14,11 +14,25 @@ from attnmt.report import ReportError, gather, main, markdown_table, read_scalar
 from tests.test_config import CONFIGS
 
 
-def _write(directory, step, scalars):
-    writer = SummaryWriter(str(directory))
+def _write(directory, step, scalars, walltime, name=None):
+    """One event file, as one SummaryWriter leaves it, with `scalars` at `step` and `walltime`.
+
+    tensorboardX names a file by the whole second and opens it with "wb": two writers in the
+    same second would share one file, the second erasing the first. So each writer gets a
+    scratch folder, and its file is then moved in under `name` (by default one that sorts
+    by wall time, like the real names do).
+    """
+    scratch = directory / "scratch"
+    writer = SummaryWriter(str(scratch))
     for tag, value in scalars.items():
-        writer.add_scalar(tag, value, step)
+        writer.add_scalar(tag, value, step, walltime=walltime)
     writer.close()
+    (path,) = scratch.iterdir()
+    target = directory / (name or f"events.out.tfevents.{int(walltime)}.host")
+    assert not target.exists()
+    path.rename(target)
+    scratch.rmdir()
+    return target
 
 
 def _make_run(workdir, d_ff=64, steps=(), dev=(), bleu=(), bleu_split=None):
@@ -30,11 +44,13 @@ def _make_run(workdir, d_ff=64, steps=(), dev=(), bleu=(), bleu_split=None):
     (workdir / "config.json").write_text(json.dumps(experiment.to_dict()))
     for step in steps:
         (workdir / "checkpoints" / str(step)).mkdir(parents=True)
+    # One event file per evaluation, written an hour apart (wall time in seconds).
     for step, ppl in dev:
-        _write(workdir / "tensorboard" / "eval", step, {"perplexity": ppl, "loss": ppl / 10})
+        scalars = {"perplexity": ppl, "loss": ppl / 10}
+        _write(workdir / "tensorboard" / "eval", step, scalars, walltime=1e9 + 3600 * step)
     for step, score in bleu:
         scores = {"sacrebleu": score - 1, "tokenized_bleu": score}
-        _write(workdir / "tensorboard" / (bleu_split or "bleu"), step, scores)
+        _write(workdir / "tensorboard" / (bleu_split or "bleu"), step, scores, 1e9 + 3600 * step)
     return experiment
 
 
@@ -64,16 +80,30 @@ def test_gather_reads_the_newest_values_of_every_run(tmp_path):
     assert cells[0] == "C10" and cells[9:12] == ["200", "7.50", "21.0"]
 
 
-def test_a_resumed_run_reports_its_latest_values_and_a_torn_tail_is_ignored(tmp_path):
+@pytest.mark.parametrize(
+    "names", [("a", "b"), ("b", "a")], ids=["names_in_time_order", "names_out_of_time_order"]
+)
+def test_a_resumed_run_reports_its_latest_values_and_a_torn_tail_is_ignored(tmp_path, names):
+    # The run reached step 300, crashed, and was resumed from its step 200 checkpoint: the
+    # newer value is at the lower step. Both files are named in the same second, so only
+    # their suffixes order them, either way round: neither the higher step nor the last
+    # file may win, only the newer wall time.
     directory = tmp_path / "eval"
-    _write(directory, 300, {"perplexity": 5.0})
-    time.sleep(0.01)
-    _write(directory, 200, {"perplexity": 6.0})  # resumed from step 200 after a crash
-    newest = sorted(directory.iterdir())[-1]
+    first, resumed = (f"events.out.tfevents.1000000000.host.{name}" for name in names)
+    _write(directory, 300, {"perplexity": 5.0}, walltime=1e9 + 0.25, name=first)
+    newest = _write(directory, 200, {"perplexity": 6.0}, walltime=1e9 + 0.75, name=resumed)
+    assert len(list(directory.iterdir())) == 2
+    # The resumed run is killed while writing step 250: its last record is cut short.
+    torn = _write(tmp_path / "torn", 250, {"perplexity": 7.0}, walltime=1e9 + 1.5).read_bytes()
+    # TFRecord framing: uint64 length, 4-byte crc, payload, 4-byte crc. The file holds the
+    # file_version event, then the step 250 one; its header stays whole, its payload is cut.
+    (length,) = struct.unpack("<Q", torn[:8])
+    record = torn[8 + 4 + length + 4 :]
+    assert len(record) == 8 + 4 + struct.unpack("<Q", record[:8])[0] + 4
     with open(newest, "ab") as handle:
-        handle.write(b"\x10\x00\x00")  # a record cut short by a killed writer
+        handle.write(record[:-9])
     scalar = read_scalars(directory)["perplexity"]
-    assert (scalar.step, scalar.value) == (200, 6.0)
+    assert (scalar.step, scalar.wall_time, scalar.value) == (200, 1e9 + 0.75, 6.0)
 
 
 def test_main_writes_the_csv_and_refuses_an_empty_folder(tmp_path):

@@ -152,6 +152,20 @@ def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, 
         np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(full[:, t]), atol=2e-5)
 
 
+def _dot_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
+    """Operand dtypes of every dot_general in a jaxpr, nested jaxprs (jit, custom_jvp) included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(tuple(str(var.aval.dtype) for var in eqn.invars))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple | list) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds its Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _dot_operand_dtypes(sub)
+    return found
+
+
 def test_bfloat16_compute_keeps_float32_params_and_close_logits():
     config16 = ModelConfig(**{**CONFIG.__dict__, "dtype": "bfloat16"})
     model32, params = _init()
@@ -159,10 +173,42 @@ def test_bfloat16_compute_keeps_float32_params_and_close_logits():
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
     rng = np.random.default_rng(3)
     src, tgt = _tokens(rng, 2, 6), _tokens(rng, 2, 6)
+
+    # Every matrix product runs on bfloat16 operands, and the same products run in float32
+    # without the setting: the setting reaches all of them.
+    def dots(model):
+        apply = jax.make_jaxpr(lambda p: model.apply({"params": p}, src, tgt))
+        return _dot_operand_dtypes(apply(params).jaxpr)
+
+    dots16, dots32 = dots(model16), dots(model32)
+    assert dots16 and len(dots16) == len(dots32)
+    assert all(dtype == "bfloat16" for operands in dots16 for dtype in operands), dots16
+    assert all(dtype == "float32" for operands in dots32 for dtype in operands), dots32
+
     full = model32.apply({"params": params}, src, tgt)
     half = model16.apply({"params": params}, src, tgt)
     assert half.dtype == jnp.float32  # logits go to the loss in float32
-    assert np.max(np.abs(np.asarray(half) - np.asarray(full))) < 0.1 * np.abs(full).max()
+    error = np.abs(np.asarray(half, np.float64) - np.asarray(full, np.float64))
+    # Scale of logit v: |x·E_v| ≤ ‖x‖‖E_v‖, x the decoder's last LayerNorm output, whose norm
+    # is at most √d_model·max|scale| + ‖bias‖ (zero mean, unit variance before the affine).
+    norm = params["decoder_1"]["ffn_residual"]["norm"]
+    x_norm = math.sqrt(CONFIG.d_model) * np.abs(norm["scale"]).max() + np.linalg.norm(norm["bias"])
+    scale = x_norm * np.linalg.norm(np.asarray(params["embed"]["embedding"], np.float64), axis=1)
+    # First-order rounding analysis: each rounding to a format of unit roundoff u moves a
+    # value by ≤ u relative, and the LayerNorm after every sublayer renormalises, so the
+    # errors of the roundings on the longest path add up. That path (source embedding,
+    # both encoder layers, decoder layer 0's cross-attention keys, decoder layer 1, output
+    # projection) holds 82 roundings: 3 in the embedding (token, sinusoid, sum), 9 per
+    # attention sublayer (kernel and product of the query/key projection, scores, weights,
+    # mix, kernel and product of W^O, residual sum, LayerNorm output) × 5, 8 per
+    # feed-forward sublayer (2 kernels, 2 products, 2 bias sums, residual sum, LayerNorm)
+    # × 4, 2 in the output projection (embedding, product).
+    roundings = 3 + 9 * 5 + 8 * 4 + 2
+    bound = roundings * 2.0**-8 * scale  # bfloat16: 8 significant bits, u = 2^-8
+    assert np.all(error <= bound), (error / scale).max()
+    # ...and more than the same roundings in float32 (u = 2^-24) could explain: something
+    # on the way was rounded coarser than float32 (if the setting were ignored, error == 0).
+    assert np.max(error / scale) > roundings * 2.0**-24, (error / scale).max()
 
 
 def test_dropout_is_active_only_in_training():
