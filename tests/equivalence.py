@@ -1,0 +1,100 @@
+"""Bounds for comparing two runs of the same float32 training math done in another order.
+
+Another mesh, another process count or gradient accumulation changes the order in which
+XLA sums things (all-reduces, split contractions, micro-batch sums), and which order is
+fastest also depends on the CPU's vector width (AVX2 or AVX-512). So two such runs agree
+to rounding, not bit for bit, and a bound must hold whatever the order.
+
+Why these runs use `optim.algorithm="sgd"`: SGD's update −lr·g is linear in the gradient,
+so a gradient error δ becomes a parameter error lr·δ. Adam's first update is
+lr·g/(|g| + ε) per parameter, ≈ ±lr whatever |g| is; a gradient that is zero up to
+rounding (|g| ≈ 1e-9, there are always some) can flip sign between two orders and move
+its parameter by up to 2·lr, the size of a whole update. No bound below an update's own
+size holds for Adam, and a bound that large cannot catch a wrong gradient.
+
+The bound, per parameter array, on the SGD updates d = params_after − params_before over
+t steps:
+
+    max |d_a − d_b| ≤ UPDATE_RTOL · max |d_a| + 2·t·u·max |params_after|
+
+The second term is storage: each step rounds every parameter to float32 (half an ulp,
+≤ u·|p|), in each of the two runs, so their difference can reach 2·t·u·|p| with gradients
+that agree exactly. The first term is the gradients' own rounding.
+
+Each gradient entry is a float32 sum of at most n per-token terms, each the end of a chain
+of float32 dot products over at most m terms (m = d_ff for the tiny models here). Any
+summation order is within γ_n = n·u/(1 − n·u) of the exact sum relative to the sum of the
+terms' magnitudes (Higham, "Accuracy and Stability of Numerical Algorithms", §4.2), with
+u = 2^-24. In these tests n ≤ 512 tokens per batch and m ≤ 64, so one gradient is within
+(n + 4·m)·u ≤ 2^10·u = 2^-14 of the exact one relative to the magnitudes summed (4 chained
+reductions: attention scores, attention output, FFN, output projection). Those magnitudes
+can exceed the largest update entry where terms cancel; we allow a factor 2^4 for that and
+for the few steps that compound, hence 2^-10 ≈ 1e-3.
+
+What the bound must catch is an update that is wrong by a sizeable fraction: a missing or
+doubled all-reduce (a factor of 1/shards or 2), a gradient divided by the wrong token
+count, a micro-batch dropped or counted twice. Each changes the update by ≥ 1/8 of itself
+here, over 100× the bound.
+
+Losses: the per-token cross-entropies are positive, so their sum in any order is within
+γ_n relative (no cancellation); each term comes through log-softmax over at most 64
+logits from dot products of at most 64 terms, so the loss is within (n + 2·64)·u ≤
+2^10·u = 2^-14 relative of exact; two orders, twice that, and parameters that already
+differ by rounding after earlier steps: LOSS_RTOL = 2^-12.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+UNIT_ROUNDOFF = 2.0**-24  # float32
+UPDATE_RTOL = 2.0**-10
+LOSS_RTOL = 2.0**-12
+
+
+def _leaves(tree: Any) -> list[np.ndarray]:
+    return [np.asarray(leaf, np.float64) for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+def assert_same_updates(
+    initial: Any, reference: Any, other: Any, steps: int, rtol: float = UPDATE_RTOL
+) -> float:
+    """Both runs started from `initial` and took `steps` SGD steps; their updates agree per
+    array within the bound above. Returns the largest error seen, as a fraction of the
+    largest update entry, for the curious."""
+    worst = 0.0
+    leaves = zip(_leaves(initial), _leaves(reference), _leaves(other), strict=True)
+    for index, (start, ref, got) in enumerate(leaves):
+        update = ref - start
+        scale = np.max(np.abs(update))
+        assert scale > 0, f"array {index} did not move: nothing is compared"
+        storage = 2 * steps * UNIT_ROUNDOFF * np.max(np.abs(ref))
+        error = np.max(np.abs((got - start) - update))
+        worst = max(worst, float(error / scale))
+        assert error <= rtol * scale + storage, (
+            f"array {index} {ref.shape}: updates differ by {error:.3g}, more than "
+            f"{rtol:.3g} × {scale:.3g} + {storage:.3g}"
+        )
+    return worst
+
+
+def assert_same_losses(reference: list[float], other: list[float], rtol: float = LOSS_RTOL):
+    np.testing.assert_allclose(other, reference, rtol=rtol, atol=0)
+
+
+def initial_params(experiment: Any) -> Any:
+    """The parameters a new run of `experiment` starts from (drawn from train.seed; the
+    values do not depend on the mesh, see tests/parallel/test_sharding.py)."""
+    from attnmt.model.transformer import Transformer
+    from attnmt.train.optim import make_optimizer
+    from attnmt.train.step import create_train_state
+
+    model = Transformer(experiment.model)
+    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
+    example = {"src_tokens": np.zeros((1, 8), np.int32), "tgt_tokens": np.zeros((1, 8), np.int32)}
+    rng = jax.random.PRNGKey(experiment.train.seed)
+    state = jax.jit(lambda r: create_train_state(model, optimizer, r, example))(rng)
+    return jax.device_get(state.params)

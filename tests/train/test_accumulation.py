@@ -1,0 +1,90 @@
+"""Gradient accumulation through the trainer's own path: an update made of N micro-batches
+is the update of one batch holding all of them.
+
+The trainer draws its micro-batches, sums their gradients and token counts on the device
+and applies one update; the reference is the fused single-batch step on the same rows,
+padded to one length and stacked. SGD makes the update proportional to the gradient, so a
+wrong scale (each micro-batch normalised by its own token count, a micro-batch dropped or
+counted twice) shows as an update off by ≥ 1/N of itself; tests/equivalence.py gives the
+rounding bound.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from attnmt.data.pipeline import BatchIterator
+from attnmt.model.config import PAD_ID
+from attnmt.model.transformer import Transformer
+from attnmt.train import step as steps
+from attnmt.train.loop import Trainer
+from attnmt.train.optim import make_optimizer, paper_schedule
+from tests.equivalence import assert_same_losses, assert_same_updates
+from tests.train.test_end_to_end import _experiment, _overrides, reversal_corpus  # noqa: F401
+
+
+def _stacked(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One batch holding every row, padded to the longest micro-batch."""
+    length = max(b["src_tokens"].shape[1] for b in batches)
+    return {
+        key: np.concatenate(
+            [
+                np.pad(b[key], ((0, 0), (0, length - b[key].shape[1])), constant_values=PAD_ID)
+                for b in batches
+            ]
+        )
+        for key in ("src_tokens", "tgt_tokens")
+    }
+
+
+def _reference_update(experiment, state, batch):
+    model = Transformer(experiment.model)
+    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
+    optim = experiment.optim
+    schedule = paper_schedule(
+        experiment.model.d_model, optim.warmup_steps, optim.learning_rate_scale
+    )
+    step = functools.partial(
+        steps.train_step, model, optimizer, schedule, experiment.train.label_smoothing
+    )
+    return jax.jit(step)(state, batch)
+
+
+@pytest.mark.parametrize("micro_batches", [2, 3])
+def test_trainer_accumulates_micro_batches_like_one_batch(
+    reversal_corpus,  # noqa: F811
+    tmp_path,
+    micro_batches,
+):
+    overrides = [
+        *_overrides(reversal_corpus, 1),
+        "--config.optim.algorithm=sgd",
+        "--config.data.tokens_per_batch=384",
+        f"--config.train.grad_accum_steps={micro_batches}",
+        "--config.train.log_every_steps=1",
+        "--config.train.memory_preflight=false",
+        "--config.parallel.num_devices=1",
+    ]
+    trainer = Trainer(_experiment(overrides), tmp_path / "run")
+    assert trainer.accumulation_steps == micro_batches
+    before = jax.device_get(trainer.state)  # the run donates its state buffers
+    position = trainer.train_batches.get_state()
+    result = trainer.run()
+    assert result.step == 1
+
+    # The micro-batches the trainer drew, replayed from its data position.
+    replay = BatchIterator(trainer.train_batches.corpus, trainer.shapes, seed=0)
+    replay.set_state(position)
+    drawn = [next(replay) for _ in range(micro_batches)]
+    assert replay.get_state() == trainer.train_batches.get_state()
+    token_counts = [int(np.count_nonzero(b["tgt_tokens"])) for b in drawn]
+    # Unequal token counts: a mean of per-micro-batch means would differ from the true mean.
+    assert len(set(token_counts)) > 1, token_counts
+
+    whole = _stacked(drawn)
+    expected_state, expected = _reference_update(trainer.experiment, before, whole)
+    assert float(expected["tokens"]) == sum(token_counts)
+    assert_same_losses([float(expected["loss"])], [result.last_train["loss"]])
+    assert_same_updates(before.params, expected_state.params, trainer.state.params, steps=1)
