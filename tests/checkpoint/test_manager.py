@@ -76,6 +76,18 @@ def test_a_temporary_folder_is_never_listed_or_restored(tmp_path):
     assert not unfinished.exists() and CheckpointManager(tmp_path).all_steps() == [1, 2]
 
 
+def test_only_the_newest_keep_checkpoints_remain(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in range(1, 6):
+        manager.save(step, state_at(step), data_at(step), {"written_at": step})
+    manager.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["4", "5"]
+    reader = CheckpointManager(tmp_path)
+    assert reader.all_steps() == [4, 5]
+    assert_is_step(reader.restore_latest(ABSTRACT), 5)
+    reader.close()
+
+
 _KILLED_WRITER = """
 import sys
 import jax.numpy as jnp, numpy as np

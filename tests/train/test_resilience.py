@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,6 +158,30 @@ def wait_for_step(process: subprocess.Popen, step: int) -> None:
     raise AssertionError(f"the run ended before step {step}")
 
 
+def wait_for_unfinished_save(
+    process: subprocess.Popen, workdir: Path, after_step: int, ignore: set[str]
+) -> Path | None:
+    """Watches the checkpoints folder until a save of a step > `after_step` is in flight
+    (its `<step>.orbax-checkpoint-tmp*` folder exists, and is not one of `ignore`); None if
+    the run ended first."""
+    folder = workdir / "checkpoints"
+    deadline = time.monotonic() + 300  # a bound on a hung run, not a measurement
+    while process.poll() is None and time.monotonic() < deadline:
+        for path in folder.glob("*.orbax-checkpoint-tmp*"):
+            if path.name not in ignore and int(path.name.split(".")[0]) > after_step:
+                return path
+        time.sleep(0.001)
+    assert process.poll() is not None, "no save started within 300 s"
+    return None
+
+
+def stopped_at(stdout: str, reason: str) -> int:
+    """The step of the run's last line, `stopped at step N: <reason>`."""
+    match = re.search(rf"^stopped at step (\d+): {re.escape(reason)}", stdout, re.MULTILINE)
+    assert match, stdout[-3000:]
+    return int(match.group(1))
+
+
 def damage_newest(workdir: Path) -> tuple[int, int]:
     """Deletes the array files of the newest checkpoint; returns (damaged, previous) steps."""
     steps = finished_steps(workdir)
@@ -168,13 +195,12 @@ def damage_newest(workdir: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_kill_9_three_times_then_resume_is_bit_identical(tmp_path, corpus, env, reference):
     rng = random.Random(1234)
-    # One kill early, one in the middle, one late; each lands up to ~5 steps after the
-    # logged step, so mid-step, mid-save and between saves alike.
-    targets = [rng.randrange(2, 9), rng.randrange(10, 16), rng.randrange(17, 23)]
+    # One kill early and one in the middle, each landing up to ~5 steps after the logged
+    # step: mid-step, mid-save or between saves, wherever it falls.
     workdir = tmp_path / "killed"
     command = train_command(workdir, corpus)
     trials = []
-    for target in targets:
+    for target in [rng.randrange(2, 9), rng.randrange(10, 16)]:
         with started(command, env) as process:
             wait_for_step(process, target)
             time.sleep(rng.uniform(0.0, 0.1))
@@ -183,7 +209,28 @@ def test_kill_9_three_times_then_resume_is_bit_identical(tmp_path, corpus, env, 
         assert process.returncode == -signal.SIGKILL, stderr[-3000:]
         unfinished = [p.name for p in (workdir / "checkpoints").iterdir() if "tmp" in p.name]
         trials.append((target, finished_steps(workdir)[-1:], unfinished))
+
+    # The last kill is sent the moment a save of step 15 or later is in flight. Its
+    # unfinished folder still being there after the process died proves the kill landed
+    # mid-save. (One sent just as Orbax renamed the folder missed: the run is resumed and
+    # killed at its next save, at most three times.)
+    killed_mid_save = None
+    for _ in range(3):
+        earlier = {p.name for p in (workdir / "checkpoints").iterdir()}
+        newest = max([10, *finished_steps(workdir)])
+        with started(command, env) as process:
+            unfinished = wait_for_unfinished_save(process, workdir, newest, ignore=earlier)
+            assert unfinished is not None, "the run ended without a save to interrupt"
+            process.send_signal(signal.SIGKILL)
+            _, stderr = process.communicate(timeout=60)
+        assert process.returncode == -signal.SIGKILL, stderr[-3000:]
+        trials.append(("mid-save", finished_steps(workdir)[-1:], [unfinished.name]))
+        if unfinished.exists():
+            killed_mid_save = unfinished.name
+            break
     print("kill -9 trials (logged step, newest checkpoint, unfinished saves):", trials)
+    assert killed_mid_save is not None, trials
+    assert int(killed_mid_save.split(".")[0]) not in finished_steps(workdir)
 
     # Damaged files in the newest checkpoint: resuming falls back to the one before,
     # with that step's data position, and still ends bit for bit where the reference did.
@@ -215,9 +262,133 @@ def test_sigterm_saves_at_the_next_step_and_resumes_bit_identical(tmp_path, corp
     assert_bit_identical(workdir, reference)
 
 
+@pytest.mark.slow
+def test_a_second_sigterm_does_not_cut_the_save_short(tmp_path, corpus, env, reference):
+    workdir = tmp_path / "preempted-twice"
+    # No periodic checkpoint before the end: the save in flight is SIGTERM's.
+    command = train_command(workdir, corpus, f"--config.train.checkpoint_every_steps={NUM_STEPS}")
+    attempts = []
+    for _ in range(3):
+        shutil.rmtree(workdir, ignore_errors=True)
+        with started(command, env) as process:
+            wait_for_step(process, 5)
+            process.send_signal(signal.SIGTERM)
+            unfinished = wait_for_unfinished_save(process, workdir, -1, ignore=set())
+            during_save = False
+            if unfinished is not None:
+                process.send_signal(signal.SIGTERM)
+                # Still unfinished after the signal was sent: it arrived during the save.
+                during_save = unfinished.exists()
+            stdout, stderr = process.communicate(timeout=120)
+        attempts.append((unfinished and unfinished.name, process.returncode))
+        # A save that ended before the second signal went out proves nothing: try again.
+        if during_save:
+            break
+    else:
+        pytest.fail(f"the second SIGTERM never arrived during the save: {attempts}")
+    print("SIGTERM, then SIGTERM during the save (unfinished folder, exit code):", attempts)
+    assert process.returncode == EXIT_PREEMPTED, stderr[-3000:]
+    assert "Traceback" not in stderr
+    steps = finished_steps(workdir)
+    assert len(steps) == 1 and 5 <= steps[0] < NUM_STEPS, steps
+    assert f"stopped at step {steps[0]}: SIGTERM received" in stdout
+    assert unfinished.name.startswith(f"{steps[0]}.") and not unfinished.exists()
+    assert not list((workdir / "checkpoints").glob("*tmp*"))
+    assert final_state(workdir)[0] == steps[0]  # complete and restorable
+    run_to_end(command, env)
+    assert_bit_identical(workdir, reference)
+
+
+@pytest.mark.slow
+def test_time_limit_stops_with_exit_0_and_a_checkpoint_and_resumes(tmp_path, corpus, env):
+    workdir = tmp_path / "limited"
+    # 1.2 seconds of training: far fewer than num_steps updates on any machine. No periodic
+    # checkpoints, so the one found is the time limit's.
+    num_steps = 1_000_000
+    command = train_command(
+        workdir,
+        corpus,
+        f"--config.train.num_steps={num_steps}",
+        "--config.train.time_limit_minutes=0.02",
+        "--config.train.checkpoint_every_steps=0",
+        "--config.train.checkpoint_every_minutes=60",
+    )
+    reason = "time limit of 0.02 minutes reached"
+    first = run_to_end(command, env)
+    stop = stopped_at(first.stdout, reason)
+    assert 0 < stop < num_steps
+    assert finished_steps(workdir) == [stop]
+    assert not list((workdir / "checkpoints").glob("*tmp*"))
+    step, _, _ = final_state(workdir)  # complete and restorable
+    assert step == stop
+
+    second = run_to_end(command, env)
+    assert f"resumed from checkpoint step {stop} in" in second.stderr
+    again = stopped_at(second.stdout, reason)
+    assert stop < again < num_steps
+    assert finished_steps(workdir) == [stop, again]
+
+
 def _in_process_args(workdir: Path, corpus: Path, *extra: str) -> list[str]:
     command = train_command(workdir, corpus, *extra)
     return command[command.index("train") :]
+
+
+# `attnmt train` with a fake monotonic clock that moves one second per reading, so which
+# updates a time-based checkpoint follows does not depend on the machine's speed; each save
+# the trainer starts is printed with the clock's reading.
+_FAKE_CLOCK_TRAIN = """
+import sys
+from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.cli.main import main
+from attnmt.train import loop
+
+class Clock:
+    now = 0.0
+
+    def monotonic(self):
+        self.now += 1.0
+        return self.now
+
+loop.time = clock = Clock()
+real_save = CheckpointManager.save
+
+def save(self, step, *args):
+    print(f"saving step {step} at {clock.now}", flush=True)
+    real_save(self, step, *args)
+
+CheckpointManager.save = save
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_time_based_checkpoints_never_change_the_state_and_only_the_last_k_stay(
+    tmp_path, corpus, env, reference
+):
+    workdir = tmp_path / "timed"
+    args = _in_process_args(
+        workdir,
+        corpus,
+        "--config.train.checkpoint_every_steps=0",  # only time-based checkpoints
+        "--config.train.checkpoint_every_minutes=0.15",  # 9 s: every few updates here
+        "--config.train.keep_checkpoints=3",
+    )
+    done = run_to_end([sys.executable, "-c", _FAKE_CLOCK_TRAIN, *args], env)
+    saves = [
+        (int(step), float(now))
+        for step, now in re.findall(r"^saving step (\d+) at (\S+)$", done.stdout, re.MULTILINE)
+    ]
+    steps_saved = [step for step, _ in saves]
+    assert steps_saved[-1] == NUM_STEPS, done.stdout
+    intermediate = steps_saved[:-1]
+    assert len(intermediate) >= 2 and intermediate == sorted(set(intermediate)), saves
+    # Not more often than every 9 s (the last save is the end of the run's, due or not).
+    times = [now for _, now in saves[:-1]]
+    assert all(b - a >= 9.0 for a, b in itertools.pairwise(times)), saves
+    # train.keep_checkpoints: only the newest three are left.
+    assert finished_steps(workdir) == steps_saved[-3:]
+    assert_bit_identical(workdir, reference)  # the reference saved every 5 steps instead
 
 
 def test_non_finite_updates_stop_within_the_limit_and_keep_the_last_checkpoint(
