@@ -113,7 +113,7 @@ def random_batch(
     `fill` < 1 draws each row's length uniformly from [fill·length, length] so that some
     padding remains, as in bucketed real data; 1.0 gives full rows (no padding at all).
     """
-    from attnmt.model.config import EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
+    from attnmt.special_tokens import EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
 
     out = {}
     for side in ("src_tokens", "tgt_tokens"):

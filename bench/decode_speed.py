@@ -38,8 +38,9 @@ import numpy as np
 
 from attnmt.decode import beam_search as search
 from attnmt.decode.translate import Translator, best_sequences, prepare_search
-from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import EOS_ID, PAD_ID
 
 # --------------------------------------------------------------------------- (a) trained run
 

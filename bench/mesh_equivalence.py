@@ -16,7 +16,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax
 import numpy as np
 
-from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
 from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
@@ -27,6 +27,7 @@ from attnmt.parallel.sharding import (
     replicated,
     sharded_init,
 )
+from attnmt.special_tokens import EOS_ID, PAD_ID
 from attnmt.train import step as steps
 from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
 

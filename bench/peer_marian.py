@@ -30,7 +30,7 @@ import common
 import numpy as np
 import train_throughput
 
-from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID
+from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def import_peer() -> tuple[Any, Any] | None:

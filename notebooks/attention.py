@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.model.config import EOS_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.inspect import attention_maps
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import EOS_ID
 
 SENTENCE = os.environ.get("ATTNMT_SENTENCE", "A man in a blue shirt is standing on a ladder .")
 TRANSLATION = os.environ.get("ATTNMT_TRANSLATION", "")

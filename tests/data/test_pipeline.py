@@ -12,8 +12,9 @@ import pytest
 
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
-from attnmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
+from attnmt.special_tokens import EOS_ID, PAD_ID
 
 from .conftest import make_pairs
 

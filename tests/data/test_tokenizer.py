@@ -7,22 +7,15 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from attnmt.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    NUM_SPECIAL,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    train_vocab,
-)
+from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.errors import DataError
+from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 from .conftest import interleave, make_pairs
 
 
 def test_special_ids_fixed(vocab_path: Path, tokenizer: Tokenizer) -> None:
-    assert (PAD_ID, EOS_ID, BOS_ID, UNK_ID, NUM_SPECIAL) == (0, 1, 2, 3, 4)
+    assert (PAD_ID, EOS_ID, BOS_ID, UNK_ID, NUM_SPECIAL_TOKENS) == (0, 1, 2, 3, 4)
     # Reference: sentencepiece's own view of the written model.
     sp = spm.SentencePieceProcessor(model_file=str(vocab_path))
     assert (sp.pad_id(), sp.eos_id(), sp.bos_id(), sp.unk_id()) == (0, 1, 2, 3)
@@ -38,7 +31,7 @@ def test_roundtrip(tokenizer: Tokenizer, corpus_pairs) -> None:
     texts = interleave(corpus_pairs[:50])
     for text in texts:
         ids = tokenizer.encode(text)
-        assert ids and min(ids) >= NUM_SPECIAL  # in-vocabulary text: no special/unk ids
+        assert ids and min(ids) >= NUM_SPECIAL_TOKENS  # in-vocabulary text: no special/unk ids
         assert tokenizer.decode(ids) == text
     assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
     assert tokenizer.decode_batch(tokenizer.encode_batch(texts)) == texts
@@ -72,7 +65,7 @@ def test_training_is_deterministic(tmp_path: Path, max_sentences: int) -> None:
 def test_training_errors(tmp_path: Path) -> None:
     texts = interleave(make_pairs(50))
     with pytest.raises(DataError, match="vocab_size"):
-        train_vocab(texts, tmp_path / "v.model", NUM_SPECIAL)
+        train_vocab(texts, tmp_path / "v.model", NUM_SPECIAL_TOKENS)
     with pytest.raises(DataError, match="vocab_size"):
         train_vocab(texts, tmp_path / "v.model", 8)  # fewer ids than distinct characters
     with pytest.raises(DataError, match="no non-empty"):

@@ -5,9 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.inspect import attention_maps
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import EOS_ID, PAD_ID
 
 
 def test_maps_cover_every_attention_and_respect_masks():

@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.model.config import PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.param_count import abstract_params
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import PAD_ID
 from tests.model import reference
 
 CONFIG = ModelConfig(

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.layers import PositionalEncoding, SharedEmbedding
 from attnmt.model.transformer import Transformer, shift_right
+from attnmt.special_tokens import EOS_ID, PAD_ID
 
 CONFIG = ModelConfig(
     vocab_size=24,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from attnmt.data.pipeline import BatchIterator
-from attnmt.model.config import PAD_ID
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import PAD_ID
 from attnmt.train import step as steps
 from attnmt.train.loop import Trainer
 from attnmt.train.optim import make_optimizer, paper_schedule

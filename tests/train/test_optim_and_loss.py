@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from attnmt.model.config import PAD_ID
+from attnmt.special_tokens import PAD_ID
 from attnmt.train.loss import loss_sums, token_losses
 from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
 

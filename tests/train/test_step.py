@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.model.config import EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import EOS_ID, PAD_ID
 from attnmt.train import step as steps
 from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL, assert_same_updates

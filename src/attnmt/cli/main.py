@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from attnmt.errors import UserError
+from attnmt.errors import ConfigError, UserError
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,23 +80,45 @@ def _cmd_vocab(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-def _decode_config(run, args: argparse.Namespace):
+def _decode_config(run, args: argparse.Namespace, overrides: Sequence[str]):
+    """The run's decode section, then `--config.decode.*` overrides, then the flags."""
     import dataclasses
 
+    import ml_collections
+
+    from attnmt.cli.config_file import apply_command_line_overrides
+    from attnmt.config_types import from_mapping
     from attnmt.decode.config import DecodeConfig
 
-    changes = {
-        key: value
-        for key, value in (
-            ("beam_size", args.beam),
-            ("alpha", args.alpha),
-            ("max_len_offset", args.max_len_offset),
-            ("batch_sentences", args.batch_sentences),
-            ("xla_backend_optimization_level", args.xla_opt_level),
-        )
-        if value is not None
-    }
-    return DecodeConfig(**{**dataclasses.asdict(run.experiment.decode), **changes})
+    _only_section_overrides(args.command, overrides, "decode")
+    config = ml_collections.ConfigDict({"decode": dataclasses.asdict(run.experiment.decode)})
+    apply_command_line_overrides(config, overrides)
+    values = config.decode.to_dict()
+    flags = (
+        ("beam_size", args.beam),
+        ("alpha", args.alpha),
+        ("max_len_offset", args.max_len_offset),
+        ("batch_sentences", args.batch_sentences),
+        ("xla_backend_optimization_level", args.xla_opt_level),
+        ("sample", getattr(args, "sample", None)),
+        ("temperature", getattr(args, "temperature", None)),
+        ("top_k", getattr(args, "top_k", None)),
+        ("seed", getattr(args, "seed", None)),
+    )
+    values.update({key: value for key, value in flags if value is not None})
+    return from_mapping(DecodeConfig, values, "decode")
+
+
+def _only_section_overrides(command: str, overrides: Sequence[str], section: str | None) -> None:
+    """Refuses `--config.*` overrides a command would otherwise ignore, naming the key."""
+    for item in overrides:
+        key = item.removeprefix("--config.").partition("=")[0]
+        if section is None or not key.startswith(f"{section}."):
+            what = f"only --config.{section}.* overrides" if section else "no --config overrides"
+            raise ConfigError(
+                f"attnmt {command} takes {what}, got --config.{key} (the rest of the "
+                "config is the trained run's own)"
+            )
 
 
 def _load_runs(args: argparse.Namespace) -> list:
@@ -122,7 +144,7 @@ def _cmd_translate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         [run.experiment.model for run in runs],
         [run.params for run in runs],
         runs[0].tokenizer,
-        _decode_config(runs[0], args),
+        _decode_config(runs[0], args, overrides),
     )
     with contextlib.ExitStack() as files:
         # Undecodable bytes become U+FFFD instead of stopping the stream mid-file, and only
@@ -159,7 +181,7 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     tag = f"-avg{args.average_last}" if args.average_last else ""
     tag += "-ensemble" if args.ensemble else ""
     scores = evaluate_split(
-        runs, split, _decode_config(runs[0], args), Path(args.workdir) / "decodes", tag
+        runs, split, _decode_config(runs[0], args, overrides), Path(args.workdir) / "decodes", tag
     )
     print(scores.format())
     sink = MetricsSink(args.workdir)
@@ -171,9 +193,18 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt.checkpoint.average import average_checkpoints
 
+    _only_section_overrides("average", overrides, None)
+
     result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
     print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
     return 0
+
+
+def _cmd_report(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt import report as report_module
+
+    _only_section_overrides("report", overrides, None)
+    return report_module.run(args)
 
 
 def local_workdir(value: str) -> str:
@@ -254,6 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_arguments(translate)
     translate.add_argument("--input", default=None, help="default: stdin")
     translate.add_argument("--output", default=None, help="default: stdout")
+    translate.add_argument(
+        "--sample",
+        action="store_const",
+        const=True,
+        default=None,
+        help="sample each translation instead of searching (decode.sample)",
+    )
+    translate.add_argument("--temperature", type=float, default=None, help="for --sample")
+    translate.add_argument("--top-k", type=int, default=None, help="for --sample; 0 = all")
+    translate.add_argument("--seed", type=int, default=None, help="for --sample")
     translate.set_defaults(handler=_cmd_translate)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
@@ -265,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="a Table-3-like table of runs under a folder")
     report_module.add_arguments(report)
-    report.set_defaults(handler=lambda args, overrides: report_module.run(args))
+    report.set_defaults(handler=_cmd_report)
     return parser
 
 

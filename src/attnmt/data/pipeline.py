@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from attnmt.data.batching import BatchPlan, assign_buckets, plan_epoch
-from attnmt.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
+from attnmt.special_tokens import EOS_ID, PAD_ID
 
 _FORMAT_VERSION = 1
 _ENCODE_CHUNK = 8192  # pairs per encode_batch call: fast, yet bounded memory

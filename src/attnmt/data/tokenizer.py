@@ -13,12 +13,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from attnmt.errors import DataError
-
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
-NUM_SPECIAL = 4
+from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -42,9 +37,9 @@ def train_vocab(
     ``.vocab`` file atomically; returns ``model_path``. The same input and seed give the
     same model.
     """
-    if vocab_size <= NUM_SPECIAL:
+    if vocab_size <= NUM_SPECIAL_TOKENS:
         raise DataError(
-            f"vocab_size={vocab_size} leaves no room for pieces: the {NUM_SPECIAL} special "
+            f"vocab_size={vocab_size} leaves no room for pieces: the {NUM_SPECIAL_TOKENS} special "
             "tokens (pad, eos, bos, unk) alone take that many ids"
         )
     if model_type not in ("bpe", "unigram", "char", "word"):

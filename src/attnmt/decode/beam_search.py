@@ -47,6 +47,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 
@@ -314,9 +316,9 @@ def beam_search(
     beam_size: int,
     max_decode_len: int,
     alpha: float | jax.Array = 0.6,
-    eos_id: int = 1,
-    bos_id: int = 2,
-    pad_id: int = 0,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
+    pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -423,9 +425,9 @@ def greedy_search(
     *,
     batch_size: int,
     max_decode_len: int,
-    eos_id: int = 1,
-    bos_id: int = 2,
-    pad_id: int = 0,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
+    pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -455,9 +457,9 @@ def sample(
     max_decode_len: int,
     temperature: float = 1.0,
     top_k: int = 0,
-    eos_id: int = 1,
-    bos_id: int = 2,
-    pad_id: int = 0,
+    eos_id: int = EOS_ID,
+    bos_id: int = BOS_ID,
+    pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -468,6 +470,9 @@ def sample(
     ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
     temperature raises ``ValueError``. ``temperature`` and ``top_k`` are static Python numbers.
     The randomness of step ``t`` is ``fold_in(rng, t)``, so results depend only on ``rng``.
+    ``rng`` is one key for the whole batch, or one key per row (``[batch]`` typed keys or
+    ``[batch, 2]`` raw ones): then each row's sample depends only on its own key, not on the
+    other rows of the batch or their number.
 
     Returns ``sequences`` int32 ``[batch, max_decode_len]`` and ``log_probs`` float32 ``[batch]``,
     the log-probability of the sample under the *model* (temperature 1, no truncation), so that
@@ -489,6 +494,11 @@ def sample(
             tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
         )
 
+    typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    per_row = rng.ndim == (1 if typed else 2)
+    if per_row and rng.shape[0] != batch_size:
+        raise ValueError(f"{rng.shape[0]} row keys for batch_size = {batch_size}")
+
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
         # log_softmax(logits) / T differs from logits / T by a per-row constant, so sampling from
         # it is sampling from softmax(logits / T); masked tokens stay at -inf.
@@ -496,7 +506,13 @@ def sample(
         if 0 < top_k < scaled.shape[-1]:
             kth = lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
             scaled = jnp.where(scaled < kth, NEG_INF, scaled)
-        return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
+        if not per_row:
+            return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
+
+        def draw(key: jax.Array, row: jax.Array) -> jax.Array:
+            return jax.random.categorical(jax.random.fold_in(key, step), row)
+
+        return jax.vmap(draw)(rng, scaled)
 
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
     return _single_path_decode(

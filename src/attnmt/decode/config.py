@@ -21,6 +21,13 @@ class DecodeConfig:
     # XLA backend (LLVM) optimisation level of the search, 0-3; -1 = XLA's own. Lower
     # levels shorten the compile of every bucket shape.
     xla_backend_optimization_level: int = -1
+    # Sampling instead of search: each output token drawn from softmax(logits / temperature),
+    # restricted to the top_k most likely (0 = all). Line i of an input is drawn from
+    # fold_in(PRNGKey(seed), i), so a seed gives the same samples whatever the batching.
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "batch_sentences"):
@@ -33,3 +40,6 @@ class DecodeConfig:
             )
         if self.alpha < 0 or self.max_len_offset < 0:
             raise ConfigError("decode.alpha and decode.max_len_offset must be ≥ 0")
+        for name in ("temperature", "top_k", "seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"decode.{name} must be ≥ 0, got {getattr(self, name)}")

@@ -20,8 +20,9 @@ from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.config import DecodeConfig
 from attnmt.model import layout
-from attnmt.model.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
+from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,11 @@ def decode_batch(
     max_len_offset: int,
     max_positions: int | None,
     initial_cache_length: int = 0,
+    sampling: tuple[float, int] | None = None,
+    row_keys: jax.Array | None = None,
 ) -> jax.Array:
-    """Best output token ids [batch, max_decode_len] for a padded source batch."""
+    """Best output token ids [batch, max_decode_len] for a padded source batch; with
+    `sampling` = (temperature, top_k), row i's sample drawn from `row_keys[i]` instead."""
     src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
@@ -152,7 +156,7 @@ def decode_batch(
         configs,
         params_list,
         src_tokens,
-        rows=beam_size,
+        rows=1 if sampling is not None else beam_size,
         max_decode_len=max_decode_len,
         initial_cache_length=initial_cache_length,
     )
@@ -167,6 +171,8 @@ def decode_batch(
         alpha=alpha,
         max_lengths=max_lengths,
         max_decode_len=max_decode_len,
+        sampling=sampling,
+        row_keys=row_keys,
     )
 
 
@@ -179,10 +185,27 @@ def best_sequences(
     alpha: float,
     max_lengths: jax.Array,
     max_decode_len: int,
+    sampling: tuple[float, int] | None = None,
+    row_keys: jax.Array | None = None,
 ) -> jax.Array:
     """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
-    beam 1, beam search otherwise. `max_lengths` [batch] bounds each sentence's output."""
+    beam 1, beam search otherwise; or a sample per sentence given `sampling` =
+    (temperature, top_k) and a key per row. `max_lengths` [batch] bounds each output."""
     batch = max_lengths.shape[0]
+    if sampling is not None:
+        temperature, top_k = sampling
+        sequences, _ = search.sample(
+            tokens_to_logits,
+            cache,
+            row_keys,
+            batch_size=batch,
+            max_decode_len=max_decode_len,
+            temperature=temperature,
+            top_k=top_k,
+            max_lengths=max_lengths,
+            cache_growth=growth,
+        )
+        return sequences
     if beam_size == 1:
         sequences, _ = search.greedy_search(
             tokens_to_logits,
@@ -239,6 +262,7 @@ class Translator:
                 max_len_offset=decode.max_len_offset,
                 max_positions=min(learned) if learned else None,
                 initial_cache_length=decode.initial_cache_length,
+                sampling=(decode.temperature, decode.top_k) if decode.sample else None,
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
@@ -270,10 +294,20 @@ class Translator:
             src = np.zeros((batch, length), np.int32)
             for row, index in enumerate(chunk):
                 src[row, : len(sources[index])] = sources[index]
-            ids = np.asarray(self._decode(self.params_list, src))
+            keys = self._row_keys([first_line + index for index in chunk], batch)
+            ids = np.asarray(self._decode(self.params_list, src, row_keys=keys))
             for row, index in enumerate(chunk):
                 outputs[index] = self.tokenizer.decode(ids[row].tolist())
         return outputs
+
+    def _row_keys(self, line_numbers: list[int], rows: int) -> jax.Array | None:
+        """Sampling keys: line i's from fold_in(PRNGKey(decode.seed), i), filler rows 0's."""
+        if not self.decode_config.sample:
+            return None
+        numbers = np.zeros(rows, np.uint32)
+        numbers[: len(line_numbers)] = line_numbers
+        base = jax.random.PRNGKey(self.decode_config.seed)
+        return jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers)
 
     def translate_stream(self, lines: TextIO, out: TextIO, chunk_lines: int = 1024) -> int:
         """Reads lines, writes one translation per line (flushed per chunk); returns count."""

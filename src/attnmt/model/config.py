@@ -8,13 +8,7 @@ from typing import Any, Literal
 
 from attnmt.config_types import from_mapping
 from attnmt.errors import ConfigError
-
-# Token ids fixed across the project (data/tokenizer.py trains vocabularies with these ids).
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
-NUM_SPECIAL_TOKENS = 4
+from attnmt.special_tokens import NUM_SPECIAL_TOKENS
 
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]

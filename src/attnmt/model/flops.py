@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from attnmt.model.config import PAD_ID
+from attnmt.special_tokens import PAD_ID
 
 
 def nonpad_lengths(tokens: np.ndarray) -> np.ndarray:

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 
 from attnmt import axes
 from attnmt.model.blocks import DecoderLayer, DecoderStack, EncoderLayer, EncoderStack
-from attnmt.model.config import BOS_ID, PAD_ID, ModelConfig
+from attnmt.model.config import ModelConfig
 from attnmt.model.layers import PositionalEncoding, SharedEmbedding, constrain, layer_norm
+from attnmt.special_tokens import BOS_ID, PAD_ID
 
 
 def padding_mask(query_tokens: jax.Array | None, key_tokens: jax.Array) -> jax.Array:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnmt.model.config import PAD_ID
+from attnmt.special_tokens import PAD_ID
 
 
 def token_losses(

@@ -1,0 +1,67 @@
+"""Decoding commands honour the `--config.decode.*` overrides and the sampling flags, and
+refuse overrides they cannot use (naming the key) instead of ignoring them."""
+
+import pytest
+
+from attnmt.cli.main import main
+from tests.decode.test_translate_fuzz import workdir  # noqa: F401
+
+LINES = "the dog runs\na red house\n\ncat\nbig small big small\n"
+
+
+def _translate(root, tmp_path, name, *flags):
+    source = tmp_path / "input.txt"
+    source.write_text(LINES)
+    target = tmp_path / f"{name}.txt"
+    argv = ["translate", "--workdir", str(root), "--input", str(source), "--output", str(target)]
+    assert main([*argv, *flags]) == 0
+    # Only "\n" ends a line: a sample may hold U+2028 and the like (the vocabulary has them).
+    return target.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def test_translate_samples_by_flag_or_override_and_repeats_with_the_seed(
+    workdir,  # noqa: F811
+    tmp_path,
+):
+    root = workdir[0]
+    searched = _translate(root, tmp_path, "beam")
+    by_flag = _translate(root, tmp_path, "flag", "--sample", "--temperature", "5", "--seed", "3")
+    assert len(by_flag) == len(searched) == 5 and by_flag[2] == ""
+    assert by_flag != searched
+    overrides = ["--config.decode.sample=true", "--config.decode.temperature=5"]
+    by_config = _translate(root, tmp_path, "config", *overrides, "--config.decode.seed=3")
+    assert by_config == by_flag
+    other_seed = _translate(root, tmp_path, "seed4", *overrides, "--config.decode.seed=4")
+    assert other_seed != by_flag
+    # A flag wins over the override of the same setting.
+    both = _translate(root, tmp_path, "both", *overrides, "--config.decode.seed=4", "--seed", "3")
+    assert both == by_flag
+
+
+def test_decode_overrides_reach_the_search(workdir, tmp_path):  # noqa: F811
+    root = workdir[0]
+    greedy = _translate(root, tmp_path, "greedy", "--beam", "1")
+    assert _translate(root, tmp_path, "override", "--config.decode.beam_size=1") == greedy
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["translate"], "model.d_ff"),
+        (["evaluate"], "train.num_steps"),
+        (["average"], "decode.beam_size"),
+        (["translate"], "decode.no_such_key"),
+    ],
+)
+def test_commands_refuse_overrides_they_would_ignore(workdir, capsys, argv, key):  # noqa: F811
+    root = workdir[0]
+    code = main([*argv, "--workdir", str(root), f"--config.{key}=3"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err
+
+
+def test_bad_sampling_settings_name_the_key(workdir, capsys):  # noqa: F811
+    root = workdir[0]
+    assert main(["translate", "--workdir", str(root), "--temperature", "-1"]) == 2
+    assert "decode.temperature" in capsys.readouterr().err
