@@ -30,7 +30,7 @@ def _args(corpus, workdir, steps):
         "--config.model.vocab_size=32",
         f"--config.train.num_steps={steps}",
         "--config.train.checkpoint_every_steps=4",
-        "--config.train.eval_every_steps=1000",
+        "--config.train.eval_every_steps=0",
         "--config.train.memory_preflight=false",
         "--config.optim.algorithm=sgd",
     ]

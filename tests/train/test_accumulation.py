@@ -65,6 +65,7 @@ def test_trainer_accumulates_micro_batches_like_one_batch(
         f"--config.train.grad_accum_steps={micro_batches}",
         "--config.train.log_every_steps=1",
         "--config.train.memory_preflight=false",
+        "--config.train.eval_every_steps=0",
         "--config.parallel.num_devices=1",
     ]
     trainer = Trainer(_experiment(overrides), tmp_path / "run")

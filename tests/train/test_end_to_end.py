@@ -1,4 +1,4 @@
-"""A tiny model learns a synthetic reversal task, checkpoints, resumes and continues."""
+"""A tiny model learns a synthetic reversal task, checkpoints, and evaluates with BLEU."""
 
 import json
 import random
@@ -20,14 +20,19 @@ from tests.test_config import CONFIGS
 LETTERS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
-@pytest.fixture
-def reversal_corpus(tmp_path):
+def write_reversal_corpus(directory):
+    """train (1500) and dev (64) pairs of 2-5 letters and their reversal."""
     rng = random.Random(0)
     for split, count in (("train", 1500), ("dev", 64)):
         lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
-        (tmp_path / f"{split}.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
-        (tmp_path / f"{split}.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
-    return tmp_path
+        (directory / f"{split}.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
+        (directory / f"{split}.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
+    return directory
+
+
+@pytest.fixture
+def reversal_corpus(tmp_path):
+    return write_reversal_corpus(tmp_path)
 
 
 def _overrides(corpus, steps):
@@ -51,7 +56,8 @@ def _experiment(overrides):
 
 
 @pytest.mark.slow
-def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path, capsys):
+def test_train_learns_checkpoints_and_evaluates(reversal_corpus, tmp_path, capsys):
+    # Resuming is proven bit for bit, through the real command, in test_resilience.py.
     workdir = tmp_path / "run"
     trainer = Trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
     initial = trainer.evaluate()
@@ -65,23 +71,6 @@ def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path, capsys)
     assert (workdir / "vocab.model").exists()
     assert json.loads((workdir / "config.json").read_text())["model"]["vocab_size"] == 32
 
-    # The same command with more steps resumes from step 120 and continues.
-    code = main(
-        [
-            "train",
-            "--config",
-            str(CONFIGS / "tiny.py"),
-            "--workdir",
-            str(workdir),
-            *_overrides(reversal_corpus, 150),
-        ]
-    )
-    assert code == 0
-    assert CheckpointManager(workdir).all_steps() == [60, 120, 150]
-    resumed = Trainer(_experiment(_overrides(reversal_corpus, 150)), workdir)
-    assert int(resumed.state.step) == 150
-    assert resumed.evaluate()["nll"] <= final["nll"] * 1.1
-
     # `attnmt evaluate` on the averaged checkpoints: its own hypotheses file, one line per
     # sentence, and a printed BLEU equal to sacrebleu's on that file.
     capsys.readouterr()
@@ -89,8 +78,8 @@ def test_train_learns_checkpoints_and_resumes(reversal_corpus, tmp_path, capsys)
         argv = ["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]
         assert main([*argv, "--average-last", average]) == 0
     out = capsys.readouterr().out
-    plain = workdir / "decodes" / "dev-step150-beam2.tgt"
-    averaged = workdir / "decodes" / "dev-step150-avg2-beam2.tgt"
+    plain = workdir / "decodes" / "dev-step120-beam2.tgt"
+    averaged = workdir / "decodes" / "dev-step120-avg2-beam2.tgt"
     references = (reversal_corpus / "dev.tgt").read_text().splitlines()
     printed = [float(x) for x in re.findall(r"sacreBLEU\s+([0-9.]+)", out)]
     assert len(printed) == 2
@@ -164,6 +153,7 @@ def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
         overrides = [
             *_overrides(reversal_corpus, 4),
             "--config.optim.algorithm=sgd",
+            "--config.train.eval_every_steps=0",
             "--config.train.log_every_steps=4",
             f"--config.train.xla_backend_optimization_level={level}",
         ]
