@@ -8,7 +8,7 @@ the 1-device run and the bytes of parameters + optimizer state held per device.
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -16,20 +16,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax
 import numpy as np
 
+from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
-from attnmt.model.transformer import Transformer
 from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
-from attnmt.parallel.sharding import (
-    bytes_per_device,
-    jit_with_rules,
-    put_batch,
-    replicated,
-    sharded_init,
-)
+from attnmt.parallel.sharding import bytes_per_device, put_batch
 from attnmt.special_tokens import EOS_ID, PAD_ID
-from attnmt.train import step as steps
-from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
+from attnmt.train.config import OptimConfig
+from attnmt.train.program import build_program
 
 MESHES = {
     "1 device": (ParallelConfig(data=1), 1),
@@ -56,21 +50,15 @@ def _batches(vocab: int, rows: int, length: int, count: int = 3) -> list[dict[st
 
 
 def run(config: ModelConfig, parallel: ParallelConfig, devices: int, batches: list) -> tuple:
-    model = Transformer(config)
-    optimizer = make_optimizer(OptimConfig(warmup_steps=4), config.d_model)
-    mesh = make_mesh(parallel, jax.devices()[:devices])
-    create = functools.partial(steps.create_train_state, model, optimizer, unbox=False)
-    state, shardings = sharded_init(create, mesh, jax.random.PRNGKey(0), batches[0])
-    train = functools.partial(
-        steps.train_step, model, optimizer, paper_schedule(config.d_model, 4), 0.1
+    experiment = dataclasses.replace(
+        Experiment.from_mapping({}), model=config, optim=OptimConfig(warmup_steps=4)
     )
-    step = jit_with_rules(
-        train, mesh, in_shardings=(shardings, None), out_shardings=(shardings, replicated(mesh))
-    )
+    program = build_program(experiment, make_mesh(parallel, jax.devices()[:devices]))
+    state = program.init_state()
     held = max(bytes_per_device((state.params, state.opt_state)).values())
     losses = []
     for batch in batches:
-        state, metrics = step(state, put_batch(batch, mesh))
+        state, metrics = program.train_step(state, put_batch(batch, program.mesh))
         losses.append(float(metrics["loss"]))
     return state, np.array(losses), held
 

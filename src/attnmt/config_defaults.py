@@ -15,8 +15,7 @@ from attnmt.decode.config import DecodeConfig
 from attnmt.errors import ConfigError
 from attnmt.model.config import ModelConfig
 from attnmt.parallel.config import ParallelConfig
-from attnmt.train.config import TrainConfig
-from attnmt.train.optim import OptimConfig
+from attnmt.train.config import OptimConfig, TrainConfig
 from attnmt.variants import variant_overrides
 
 SECTIONS = {

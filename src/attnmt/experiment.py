@@ -12,8 +12,7 @@ from attnmt.decode.config import DecodeConfig
 from attnmt.errors import ConfigError
 from attnmt.model.config import ModelConfig
 from attnmt.parallel.config import ParallelConfig
-from attnmt.train.config import TrainConfig
-from attnmt.train.optim import OptimConfig
+from attnmt.train.config import OptimConfig, TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)

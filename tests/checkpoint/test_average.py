@@ -13,7 +13,8 @@ from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.errors import CheckpointError
 from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.train.optim import OptimConfig, make_optimizer
+from attnmt.train.config import OptimConfig
+from attnmt.train.optim import make_optimizer
 from attnmt.train.step import TrainState, create_train_state
 
 EXAMPLE = {"src_tokens": np.zeros((2, 4), np.int32), "tgt_tokens": np.zeros((2, 4), np.int32)}

@@ -3,26 +3,20 @@ any mesh, and FSDP really shards parameters and optimizer state.
 
 The runs compared use SGD and the bounds of tests/equivalence.py, which says why."""
 
-import functools
+import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
+from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
-from attnmt.model.transformer import Transformer
 from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh, mesh_shape
-from attnmt.parallel.sharding import (
-    bytes_per_device,
-    jit_with_rules,
-    put_batch,
-    replicated,
-    sharded_init,
-)
+from attnmt.parallel.sharding import bytes_per_device, put_batch
 from attnmt.special_tokens import EOS_ID, PAD_ID
-from attnmt.train import step as steps
-from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
+from attnmt.train.config import OptimConfig
+from attnmt.train.program import build_program
 from tests.equivalence import assert_same_losses, assert_same_updates
 
 CONFIG = ModelConfig(
@@ -48,20 +42,21 @@ def _batches(count=STEPS, rows=16, length=8):
     return batches
 
 
-def _run(parallel: ParallelConfig, devices):
-    model = Transformer(CONFIG)
-    optimizer = make_optimizer(OptimConfig(algorithm="sgd", warmup_steps=4), CONFIG.d_model)
-    batches = _batches()
-    mesh = make_mesh(parallel, devices)
-    create = functools.partial(steps.create_train_state, model, optimizer, unbox=False)
-    state, shardings = sharded_init(create, mesh, jax.random.PRNGKey(0), batches[0])
-    train = functools.partial(steps.train_step, model, optimizer, paper_schedule(32, 4), 0.1)
-    step = jit_with_rules(
-        train, mesh, in_shardings=(shardings, None), out_shardings=(shardings, replicated(mesh))
+def _program(parallel: ParallelConfig, devices, algorithm: str = "sgd"):
+    experiment = dataclasses.replace(
+        Experiment.from_mapping({}),
+        model=CONFIG,
+        optim=OptimConfig(algorithm=algorithm, warmup_steps=4),
     )
+    return build_program(experiment, make_mesh(parallel, devices))
+
+
+def _run(parallel: ParallelConfig, devices):
+    program = _program(parallel, devices)
+    state = program.init_state()
     losses, initial = [], jax.device_get(state.params)
-    for batch in batches:
-        state, metrics = step(state, put_batch(batch, mesh))
+    for batch in _batches():
+        state, metrics = program.train_step(state, put_batch(batch, program.mesh))
         losses.append(float(metrics["loss"]))
     return initial, state, losses
 
@@ -96,11 +91,7 @@ def test_same_losses_and_parameters_on_any_mesh(single_device, parallel):
 def test_fsdp_holds_an_eighth_of_the_state_per_device():
     def held(parallel):
         # The state as created; every step returns it in the same shardings (out_shardings).
-        model = Transformer(CONFIG)
-        optimizer = make_optimizer(OptimConfig(warmup_steps=4), CONFIG.d_model)  # Adam: 2 moments
-        create = functools.partial(steps.create_train_state, model, optimizer, unbox=False)
-        mesh = make_mesh(parallel, jax.devices()[:8])
-        state, _ = sharded_init(create, mesh, jax.random.PRNGKey(0), _batches(1)[0])
+        state = _program(parallel, jax.devices()[:8], algorithm="adam").init_state()  # 2 moments
         return bytes_per_device((state.params, state.opt_state))
 
     replicated_bytes = held(ParallelConfig(data=8))

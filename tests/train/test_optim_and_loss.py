@@ -8,8 +8,9 @@ import optax
 import pytest
 
 from attnmt.special_tokens import PAD_ID
+from attnmt.train.config import OptimConfig
 from attnmt.train.loss import loss_sums, token_losses
-from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
+from attnmt.train.optim import make_optimizer, paper_schedule
 
 
 @pytest.mark.parametrize("d_model, warmup", [(512, 4000), (1024, 4000), (256, 1000)])

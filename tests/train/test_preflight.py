@@ -54,9 +54,14 @@ def trainer(corpus, tmp_path_factory) -> Trainer:
 
 
 def run_preflight(trainer: Trainer, limit: int | None):
-    abstract = trainer._abstract_state()
+    abstract = trainer.program.abstract_state
     return memory_preflight(
-        trainer.experiment, trainer._train_step, trainer._grad_step, abstract, trainer.shapes, limit
+        trainer.experiment,
+        trainer.program.train_step,
+        trainer.program.grad_step,
+        abstract,
+        trainer.shapes,
+        limit,
     )
 
 
@@ -74,10 +79,14 @@ def test_estimate_counts_the_state_and_at_least_the_logits(trainer):
 
 
 def test_accumulation_also_holds_the_gradient_sums(trainer):
-    abstract = trainer._abstract_state()
+    abstract = trainer.program.abstract_state
     shape = trainer.shapes[-1]
-    one = estimate_train_memory(trainer._train_step, trainer._grad_step, abstract, shape, 1)
-    two = estimate_train_memory(trainer._train_step, trainer._grad_step, abstract, shape, 2)
+    one = estimate_train_memory(
+        trainer.program.train_step, trainer.program.grad_step, abstract, shape, 1
+    )
+    two = estimate_train_memory(
+        trainer.program.train_step, trainer.program.grad_step, abstract, shape, 2
+    )
     params = count_parameters(trainer.experiment.model)["total"]
     assert two.state_bytes == one.state_bytes
     assert two.total_bytes >= two.state_bytes + 4 * params + shape[0] * shape[1] * 32 * 4
@@ -110,3 +119,29 @@ def test_cpu_limit_is_at_most_the_physical_memory():
     if meminfo.exists():
         total_kib = int(meminfo.read_text().split("MemTotal:")[1].split()[0])
         assert limit <= total_kib * 1024
+
+
+def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
+    """The pre-flight's compile of the longest bucket's step is the one training runs: a
+    step on that shape compiles nothing more (jax.jit alone would compile it again)."""
+    import jax
+    import numpy as np
+
+    from attnmt.parallel.sharding import put_batch
+
+    trainer = Trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
+    shape = max(trainer.shapes, key=lambda s: (s[1], s[0] * s[1]))
+    tokens = np.full(shape, 5, np.int32)
+    batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
+    compiles = []
+
+    def count(event, seconds, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    state, _ = trainer.program.train_step(trainer.state, batch)
+    jax.block_until_ready(state)
+    other = put_batch({"src_tokens": tokens[:, :-1], "tgt_tokens": tokens[:, :-1]}, trainer.mesh)
+    trainer.program.train_step(state, other)  # another shape: compiled now (the check can fail)
+    assert len(compiles) == 1

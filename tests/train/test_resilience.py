@@ -31,9 +31,12 @@ import pytest
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
 from attnmt.data.pipeline import BatchIterator
+from attnmt.parallel.config import ParallelConfig
+from attnmt.parallel.mesh import make_mesh
 from attnmt.train import step as steps
 from attnmt.train.loop import Trainer
-from attnmt.workdir import abstract_train_state, load_run
+from attnmt.train.program import abstract_state
+from attnmt.workdir import load_run
 from tests.test_config import CONFIGS
 
 LETTERS = list("abcdefgh")
@@ -109,7 +112,8 @@ def final_state(workdir: Path) -> tuple[int, dict, list[np.ndarray]]:
     manager = CheckpointManager(workdir)
     step = manager.latest_step()
     loaded = load_run(workdir)
-    state, data, _ = manager.restore(step, abstract_train_state(loaded.experiment))
+    one_device = make_mesh(ParallelConfig(data=1), jax.devices()[:1])
+    state, data, _ = manager.restore(step, abstract_state(loaded.experiment, one_device))
     manager.close()
     return step, data, jax.tree_util.tree_leaves(jax.device_get(state))
 

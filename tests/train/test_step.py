@@ -10,7 +10,8 @@ from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
 from attnmt.special_tokens import EOS_ID, PAD_ID
 from attnmt.train import step as steps
-from attnmt.train.optim import OptimConfig, make_optimizer, paper_schedule
+from attnmt.train.config import OptimConfig
+from attnmt.train.optim import make_optimizer, paper_schedule
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL, assert_same_updates
 
 CONFIG = ModelConfig(

@@ -115,9 +115,10 @@ class CheckpointManager:
             force=True,
         )
 
-    def _check_matches(self, step: int, abstract_state: Any) -> None:
+    def _check_matches(self, step: int, abstract_state: Any, only: str = "") -> None:
         """Compares the saved arrays' paths, shapes and dtypes with the model's, from metadata
-        alone: a mismatch is the user's config (CheckpointError), not damaged files."""
+        alone: a mismatch is the user's config (CheckpointError), not damaged files. With
+        `only`, just the saved arrays whose path starts with it are compared."""
         where = f"{self.directory}/{step}"
         try:
             tree = getattr(self._manager.item_metadata(step).state, "tree", None)
@@ -128,6 +129,7 @@ class CheckpointManager:
         if not isinstance(tree, dict):
             raise UnreadableCheckpointError(f"checkpoint {where} is unreadable: no train state")
         saved, wanted = _arrays(tree), _arrays(abstract_state)
+        saved = {name: array for name, array in saved.items() if name.startswith(only)}
         differences = [
             f"{name}: saved {_describe(saved.get(name))}, model has {_describe(wanted.get(name))}"
             # Parameters first: the optimizer moments repeat the same differences.
@@ -167,6 +169,42 @@ class CheckpointManager:
                 f"checkpoint {self.directory}/{step} is unreadable: data or config missing"
             )
         return restored.state, restored.data, restored.config
+
+    def restore_params(self, step: int, abstract_params: Any) -> Any:
+        """The parameters of step `step` alone, into `abstract_params`' shapes and shardings.
+
+        Inference needs nothing else: the optimizer state (twice the parameters with Adam)
+        is never read. Errors as for `restore`.
+        """
+        self._check_matches(step, {"params": abstract_params}, only="params/")
+        target = {
+            "params": jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_params)
+        }
+        # Only the PyTree handler restores part of a tree; it reads what the Standard one
+        # wrote.
+        reader = ocp.CheckpointManager(
+            self.directory,
+            item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+            options=ocp.CheckpointManagerOptions(read_only=True),
+        )
+        try:
+            restored = reader.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(
+                        item=target,
+                        restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                        partial_restore=True,
+                    )
+                ),
+            )
+        except Exception as error:  # the structure matched, so the files are at fault
+            raise UnreadableCheckpointError(
+                f"checkpoint {self.directory}/{step} is unreadable: {_first_line(error)}"
+            ) from error
+        finally:
+            reader.close()
+        return restored.state["params"]
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
         """The newest readable checkpoint (state, data position and config of one step).

@@ -48,23 +48,6 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh) -> Any:
     return nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)
 
 
-def sharded_init(create: Callable[..., Any], mesh: Mesh, *args: Any) -> tuple[Any, Any]:
-    """Runs `create(*args)` (which returns a tree with LogicallyPartitioned boxes) straight
-    into its shardings: shapes come from eval_shape, nothing is built on one device first.
-    Returns (unboxed state, its shardings)."""
-    abstract = jax.eval_shape(create, *args)
-    shardings = nn.meta.unbox(logical_shardings(abstract, mesh))
-
-    def create_unboxed(*inner: Any) -> Any:
-        return nn.meta.unbox(create(*inner))
-
-    # No mesh context here: DenseGeneral initialises a flattened 2-D kernel before
-    # reshaping it, which per-array constraints would reject; the output shardings alone
-    # make XLA partition the initialisation itself.
-    state = jax.jit(create_unboxed, out_shardings=shardings)(*args)
-    return state, shardings
-
-
 def bytes_per_device(tree: Any) -> dict[int, int]:
     """Bytes of the tree's arrays held by each device (from the arrays' shards)."""
     held: dict[int, int] = {}
@@ -99,6 +82,7 @@ class RuledJit:
         compiler_options: dict[str, Any] | None = None,
     ) -> None:
         self.mesh = mesh
+        self._compiled: dict[Any, Any] = {}
         self._jitted = jax.jit(
             fn,
             in_shardings=in_shardings,
@@ -108,12 +92,35 @@ class RuledJit:
         )
 
     def __call__(self, *args: Any) -> Any:
+        if self._compiled:
+            signature = _signature(args)
+            compiled = self._compiled.get(signature)
+            if compiled is not None:
+                try:
+                    return compiled(*args)
+                except (TypeError, ValueError):
+                    # An argument placed otherwise than compiled for (jit would move it):
+                    # let jit handle this signature from now on.
+                    del self._compiled[signature]
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(LOGICAL_RULES):
             return self._jitted(*args)
 
     def lower(self, *args: Any) -> Any:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(LOGICAL_RULES):
             return self._jitted.lower(*args)
+
+    def compile(self, *args: Any) -> Any:
+        """Compiles for these (abstract or concrete) arguments and keeps the executable: a
+        later call with arguments of the same structure, shapes and dtypes runs it instead
+        of compiling again (jax.jit does not reuse an ahead-of-time compile by itself)."""
+        compiled = self.lower(*args).compile()
+        self._compiled[_signature(args)] = compiled
+        return compiled
+
+
+def _signature(args: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
 
 
 def jit_with_rules(

@@ -1,8 +1,13 @@
-"""Typed configuration of the training loop (the `train` section of a config file)."""
+"""Typed configuration of training: the `optim` and `train` sections of a config file.
+
+Plain dataclasses with no jax, so loading a run for inference can read a config without
+importing the training code."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 from attnmt.compile_options import check_level
 from attnmt.errors import ConfigError
@@ -76,3 +81,35 @@ class TrainConfig:
                 "set train.checkpoint_every_steps or train.checkpoint_every_minutes: a run "
                 "without periodic checkpoints can be lost"
             )
+
+
+Algorithm = Literal["adam", "sgd"]
+ALGORITHMS = typing.get_args(Algorithm)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    algorithm: Algorithm = "adam"  # the paper's; "sgd" for equivalence tests (train/optim.py)
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0  # multiplies the paper's formula (1.0 = the paper)
+    beta1: float = 0.9
+    beta2: float = 0.98
+    epsilon: float = 1e-9
+    max_grad_norm: float = 0.0  # 0 = no clipping, as in the paper
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"optim.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        if self.warmup_steps <= 0:
+            raise ConfigError(f"optim.warmup_steps must be positive, got {self.warmup_steps}")
+        if self.learning_rate_scale <= 0:
+            raise ConfigError(
+                f"optim.learning_rate_scale must be positive, got {self.learning_rate_scale}"
+            )
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.epsilon <= 0 or self.max_grad_norm < 0:
+            raise ConfigError("optim.epsilon must be > 0 and optim.max_grad_norm ≥ 0")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -17,7 +16,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.compile_options import compiler_options
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
 from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
@@ -28,20 +26,13 @@ from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
 from attnmt.model.flops import nonpad_lengths, train_flops
-from attnmt.model.transformer import Transformer
 from attnmt.parallel.budget import plan_batches
 from attnmt.parallel.mesh import DATA, FSDP, make_mesh
-from attnmt.parallel.sharding import (
-    abstract_with_shardings,
-    batch_shardings,
-    jit_with_rules,
-    put_batch,
-    replicated,
-)
+from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.metrics import MetricsSink, progress_bar
-from attnmt.train.optim import make_optimizer, paper_schedule
 from attnmt.train.preflight import memory_preflight
+from attnmt.train.program import build_program
 
 log = logging.getLogger("attnmt.train")
 
@@ -251,9 +242,8 @@ class Trainer:
             self.bleu_pairs = pairs[: cfg.train.bleu_max_sentences or None]
             self.translator = Translator([cfg.model], [None], tokenizer, cfg.decode)
 
-        self._build_model()
-        abstract = self._abstract_state()
-        self._compile_steps(abstract)
+        self.program = build_program(cfg, self.mesh)
+        abstract = self.program.abstract_state
         # The trainer is the only writer, so it may delete saves a killed run left unfinished.
         self.checkpoints = CheckpointManager(
             self.workdir, keep=cfg.train.keep_checkpoints, clean_up_unfinished=True
@@ -261,102 +251,20 @@ class Trainer:
         self.metrics = MetricsSink(self.workdir, enabled=jax.process_index() == 0)
         if cfg.train.memory_preflight:
             memory_preflight(
-                cfg, self._train_step, self._grad_step, abstract, self.shapes, memory_limit_bytes
+                cfg,
+                self.program.train_step,
+                self.program.grad_step,
+                abstract,
+                self.shapes,
+                memory_limit_bytes,
             )
         self.state = self._initial_state(abstract)
-
-    def _build_model(self) -> None:
-        cfg = self.experiment
-        self.model = Transformer(cfg.model)
-        self.learning_rate = paper_schedule(
-            cfg.model.d_model, cfg.optim.warmup_steps, cfg.optim.learning_rate_scale
-        )
-        self.optimizer = make_optimizer(cfg.optim, cfg.model.d_model)
-
-    def _compile_steps(self, abstract: steps.TrainState) -> None:
-        """Steps jitted with explicit shardings: the state's from the logical rules, batches
-        split over data × fsdp, metrics replicated. A parallelism change is a mesh change."""
-        mesh, smoothing = self.mesh, self.experiment.train.label_smoothing
-        rng_impl = self.experiment.train.dropout_rng
-        options = compiler_options(self.experiment.train.xla_backend_optimization_level)
-        state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
-        params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
-        self._train_step = jit_with_rules(
-            functools.partial(
-                steps.train_step,
-                self.model,
-                self.optimizer,
-                self.learning_rate,
-                smoothing,
-                rng_impl=rng_impl,
-            ),
-            mesh,
-            in_shardings=(state_sh, batch_sh),
-            out_shardings=(state_sh, scalar),
-            donate_argnums=(0,),
-            compiler_options=options,
-        )
-        self._grad_step = jit_with_rules(
-            lambda params, batch, rng: steps.compute_gradients(
-                self.model, params, batch, rng, smoothing, rng_impl
-            ),
-            mesh,
-            in_shardings=(params_sh, batch_sh, scalar),
-            out_shardings=(params_sh, scalar),
-            compiler_options=options,
-        )
-        self._apply = jit_with_rules(
-            lambda state, grads, sums: steps.apply_gradients(
-                self.optimizer, state, grads, sums, self.learning_rate
-            ),
-            mesh,
-            in_shardings=(state_sh, params_sh, scalar),
-            out_shardings=(state_sh, scalar),
-            donate_argnums=(0,),
-            compiler_options=options,
-        )
-        self._add = jax.jit(
-            lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b),
-            compiler_options=options,
-        )
-        self._eval_step = jit_with_rules(
-            functools.partial(steps.eval_step, self.model, smoothing),
-            mesh,
-            in_shardings=(params_sh, batch_sh),
-            out_shardings=scalar,
-            compiler_options=options,
-        )
-
-    def _example(self) -> dict[str, np.ndarray]:
-        batch_size, length = self.shapes[0]
-        return {
-            "src_tokens": np.zeros((batch_size, length), np.int32),
-            "tgt_tokens": np.zeros((batch_size, length), np.int32),
-        }
-
-    def _abstract_state(self) -> steps.TrainState:
-        """Shapes, dtypes and shardings of the state, new or restored, without allocating it.
-
-        The shardings come from the model's logical axes and the mesh; Orbax restores into
-        them (whatever mesh the checkpoint was written on) and `_initial_state` creates the
-        state directly in them, so the pre-flight compile is the one the first step reuses.
-        """
-        create = functools.partial(
-            steps.create_train_state, self.model, self.optimizer, unbox=False
-        )
-        rng = jax.random.PRNGKey(self.experiment.train.seed)
-        return abstract_with_shardings(jax.eval_shape(create, rng, self._example()), self.mesh)
 
     def _initial_state(self, abstract: steps.TrainState) -> steps.TrainState:
         restored = self.checkpoints.restore_latest(abstract)
         if restored is None:
             log.info("starting a new run in %s", self.workdir)
-            create = functools.partial(steps.create_train_state, self.model, self.optimizer)
-            rng = jax.random.PRNGKey(self.experiment.train.seed)
-            shardings = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
-            options = compiler_options(self.experiment.train.xla_backend_optimization_level)
-            init = jax.jit(create, out_shardings=shardings, compiler_options=options)
-            return init(rng, self._example())
+            return self.program.init_state()
         step, state, data_state, _ = restored
         # The position saved with the same step: the batches after it are those the
         # uninterrupted run would have drawn next.
@@ -366,19 +274,19 @@ class Trainer:
 
     def _one_update(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
         if len(batches) == 1:
-            self.state, metrics = self._train_step(self.state, batches[0])
+            self.state, metrics = self.program.train_step(self.state, batches[0])
             return metrics
         step_rng = jax.random.fold_in(self.state.dropout_rng, self.state.step)
         grad_sums, sums = None, None
         for index, batch in enumerate(batches):
-            grads, micro = self._grad_step(
+            grads, micro = self.program.grad_step(
                 self.state.params, batch, jax.random.fold_in(step_rng, index)
             )
             if grad_sums is None:
                 grad_sums, sums = grads, micro
             else:
-                grad_sums, sums = self._add((grad_sums, sums), (grads, micro))
-        self.state, metrics = self._apply(self.state, grad_sums, sums)
+                grad_sums, sums = self.program.add((grad_sums, sums), (grads, micro))
+        self.state, metrics = self.program.apply_step(self.state, grad_sums, sums)
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -395,7 +303,7 @@ class Trainer:
         )
         totals: dict[str, Any] = {}
         for batch in batches:
-            sums = self._eval_step(self.state.params, put_batch(batch, self.mesh))
+            sums = self.program.eval_step(self.state.params, put_batch(batch, self.mesh))
             totals = sums if not totals else {k: totals[k] + sums[k] for k in totals}
         summary = steps.summarize(totals)
         return {k: float(v) for k, v in jax.device_get(summary).items()}

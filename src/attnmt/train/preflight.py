@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 
 from attnmt.errors import ConfigError
 from attnmt.experiment import Experiment
+from attnmt.parallel.sharding import RuledJit
 
 log = logging.getLogger("attnmt.train")
 
@@ -85,13 +85,14 @@ def _peak_bytes(compiled: Any) -> int:
 
 
 def estimate_train_memory(
-    train_step: Callable[..., Any],
-    grad_step: Callable[..., Any],
+    train_step: RuledJit,
+    grad_step: RuledJit,
     abstract_state: Any,
     shape: tuple[int, int],
     grad_accum_steps: int,
 ) -> MemoryEstimate:
-    """Compiles the step training will run on `shape` (jitted functions, abstract inputs).
+    """Compiles the step training will run on `shape` (RuledJits, abstract inputs); the
+    steps keep that executable, so training does not compile it again.
 
     Without accumulation that is `train_step(state, batch)`, state donated. With it, the
     micro-batch `grad_step(params, batch, rng)` runs while the state and the running
@@ -100,10 +101,9 @@ def estimate_train_memory(
     batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("src_tokens", "tgt_tokens")}
     state_bytes = tree_bytes(abstract_state)
     if grad_accum_steps == 1:
-        total = _peak_bytes(train_step.lower(abstract_state, batch).compile())
+        total = _peak_bytes(train_step.compile(abstract_state, batch))
     else:
-        lowered = grad_step.lower(abstract_state.params, batch, abstract_state.dropout_rng)
-        stats = _stats(lowered.compile())
+        stats = _stats(grad_step.compile(abstract_state.params, batch, abstract_state.dropout_rng))
         total = (
             state_bytes
             + tree_bytes(abstract_state.params)
@@ -183,8 +183,8 @@ def check_fits(
 
 def memory_preflight(
     experiment: Experiment,
-    train_step: Callable[..., Any],
-    grad_step: Callable[..., Any],
+    train_step: RuledJit,
+    grad_step: RuledJit,
     abstract_state: Any,
     shapes: list[tuple[int, int]],
     limit_bytes: int | None = None,
