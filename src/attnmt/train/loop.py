@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import signal
 import time
 from pathlib import Path
@@ -16,20 +14,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.data.batching import bucket_shapes
-from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
-from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
-from attnmt.data.sources import multi30k_recorded_dir
+from attnmt.data.pipeline import BatchIterator, padding_fraction
 from attnmt.decode.evaluation import score
 from attnmt.decode.translate import Translator
-from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
 from attnmt.model.flops import nonpad_lengths, train_flops
-from attnmt.parallel.budget import plan_batches
-from attnmt.parallel.mesh import DATA, FSDP, make_mesh
+from attnmt.parallel.mesh import make_mesh
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
+from attnmt.train.inputs import prepare_inputs, with_recorded_data_dir
 from attnmt.train.metrics import MetricsSink, progress_bar
 from attnmt.train.preflight import memory_preflight
 from attnmt.train.program import build_program
@@ -87,31 +81,6 @@ class _StopSignal:
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-
-
-def _shapes(experiment: Experiment, tokens: int, batch_shards: int) -> list[tuple[int, int]]:
-    data = experiment.data
-    try:
-        return bucket_shapes(
-            data.max_length,
-            tokens,
-            min_length=data.min_bucket_length,
-            # Every device (and every process) gets the same number of whole sentences.
-            batch_multiple=math.lcm(data.batch_multiple, batch_shards),
-        )
-    except ValueError as error:
-        raise ConfigError(f"data.tokens_per_batch / data.max_length: {error}") from None
-
-
-def _usable(experiment: Experiment, split: str, stats: FilterStats) -> str:
-    """A log line for what filtering kept; DataError if it kept nothing."""
-    what = (
-        f"{split!r}: kept {stats.kept} of {stats.total} pairs ({stats.too_long} longer than "
-        f"data.max_length={experiment.data.max_length} tokens, {stats.empty} with an empty side)"
-    )
-    if stats.kept == 0:
-        raise DataError(f"no usable sentence pairs in split {what}")
-    return what
 
 
 @dataclasses.dataclass
@@ -183,82 +152,33 @@ class Trainer:
         workdir: str | Path,
         memory_limit_bytes: int | None = None,
     ) -> None:
-        if experiment.data.source == "multi30k":
-            data_dir = multi30k_recorded_dir(experiment.data.data_dir)
-            experiment = dataclasses.replace(
-                experiment, data=dataclasses.replace(experiment.data, data_dir=data_dir)
-            )
-        self.experiment = experiment
+        self.experiment = experiment = with_recorded_data_dir(experiment)
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        cfg = experiment
-        if jax.process_index() == 0:
-            (self.workdir / "config.json").write_text(json.dumps(experiment.to_dict(), indent=2))
-            ensure_vocab(cfg.data, cfg.model.vocab_size, self.workdir)
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("attnmt vocabulary ready")
-        tokenizer = ensure_vocab(cfg.data, cfg.model.vocab_size, self.workdir)
-        if tokenizer.vocab_size > cfg.model.vocab_size:
-            raise ConfigError(
-                f"the vocabulary at {vocab_path(cfg.data, self.workdir)} has "
-                f"{tokenizer.vocab_size} tokens but model.vocab_size is {cfg.model.vocab_size}"
-            )
-        vocab_file = vocab_path(cfg.data, self.workdir)
-        train_corpus, stats = tokenized_split(
-            cfg.data, vocab_file, tokenizer, cfg.data.train_split, self.workdir
+        self.mesh = make_mesh(experiment.parallel)
+        inputs = prepare_inputs(experiment, self.workdir, self.mesh)
+        self.train_batches, self.shapes = inputs.train_batches, inputs.shapes
+        self.accumulation_steps, self.evaluation = inputs.accumulation_steps, inputs.evaluation
+        self.bleu_pairs = inputs.bleu_pairs
+        self.translator = Translator(
+            [experiment.model], [None], inputs.tokenizer, experiment.decode
         )
-        log.info("training pairs %s", _usable(cfg, cfg.data.train_split, stats))
-        self.mesh = make_mesh(cfg.parallel)
-        batch_shards = self.mesh.shape[DATA] * self.mesh.shape[FSDP]
-        plan = plan_batches(
-            cfg.data.tokens_per_batch,
-            batch_shards,
-            cfg.train.max_tokens_per_device,
-            cfg.train.grad_accum_steps,
-        )
-        self.accumulation_steps = plan.accumulation_steps
-        per_micro_batch = plan.micro_batch_tokens
-        log.info(
-            "mesh %s over %d device(s); %s", dict(self.mesh.shape), self.mesh.size, plan.describe()
-        )
-        self.shapes = _shapes(cfg, per_micro_batch, batch_shards)
-        log.info("bucket shapes (batch, length): %s", self.shapes)
-        # Each process reads only its rows of every global batch.
-        shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-        self.train_batches = BatchIterator(train_corpus, self.shapes, seed=cfg.train.seed, **shard)
-        self.eval_corpus: TokenizedCorpus | None = None
-        if cfg.train.eval_every_steps and cfg.data.eval_split:
-            self.eval_corpus, eval_stats = tokenized_split(
-                cfg.data, vocab_file, tokenizer, cfg.data.eval_split, self.workdir
-            )
-            log.info("evaluation pairs %s", _usable(cfg, cfg.data.eval_split, eval_stats))
-            self.eval_shapes = _shapes(
-                cfg, cfg.data.eval_tokens_per_batch or per_micro_batch, batch_shards
-            )
-
-        self.bleu_pairs: list[tuple[str, str]] = []
-        if cfg.train.bleu_every_steps and cfg.data.eval_split:
-            pairs = load_split(cfg.data, cfg.data.eval_split)
-            self.bleu_pairs = pairs[: cfg.train.bleu_max_sentences or None]
-            self.translator = Translator([cfg.model], [None], tokenizer, cfg.decode)
-
-        self.program = build_program(cfg, self.mesh)
-        abstract = self.program.abstract_state
+        self.program = build_program(experiment, self.mesh)
         # The trainer is the only writer, so it may delete saves a killed run left unfinished.
         self.checkpoints = CheckpointManager(
-            self.workdir, keep=cfg.train.keep_checkpoints, clean_up_unfinished=True
+            self.workdir, keep=experiment.train.keep_checkpoints, clean_up_unfinished=True
         )
         self.metrics = MetricsSink(self.workdir, enabled=jax.process_index() == 0)
-        if cfg.train.memory_preflight:
+        if experiment.train.memory_preflight:
+            program = self.program
             memory_preflight(
-                cfg,
-                self.program.train_step,
-                self.program.grad_step,
-                abstract,
+                experiment,
+                program.train_step,
+                program.grad_step,
+                program.abstract_state,
                 self.shapes,
                 memory_limit_bytes,
             )
-        self.state = self._initial_state(abstract)
+        self.state = self._initial_state(self.program.abstract_state)
 
     def _initial_state(self, abstract: steps.TrainState) -> steps.TrainState:
         restored = self.checkpoints.restore_latest(abstract)
@@ -291,10 +211,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Loss, perplexity and accuracy on the whole evaluation split (no dropout)."""
-        assert self.eval_corpus is not None
+        assert self.evaluation is not None, "no evaluation split (data.eval_split)"
+        corpus, shapes = self.evaluation
         batches = BatchIterator(
-            self.eval_corpus,
-            self.eval_shapes,
+            corpus,
+            shapes,
             seed=0,
             shuffle=False,
             repeat=False,
@@ -395,7 +316,7 @@ class Trainer:
             )
         if (
             cfg.eval_every_steps
-            and self.eval_corpus is not None
+            and self.evaluation is not None
             and (step % cfg.eval_every_steps == 0 or last)
         ):
             self._last_eval = self.evaluate()

@@ -1,0 +1,120 @@
+"""What a training run reads, prepared once in its workdir: the config and vocabulary
+written (by process 0, the others waiting), the tokenized splits, the batch plan and the
+bucket shapes that follow from it, the evaluation split and the BLEU sentences."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from attnmt.data.batching import bucket_shapes
+from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
+from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
+from attnmt.data.sources import multi30k_recorded_dir
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.errors import ConfigError, DataError
+from attnmt.experiment import Experiment
+from attnmt.parallel.budget import plan_batches
+from attnmt.parallel.mesh import DATA, FSDP
+
+log = logging.getLogger("attnmt.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainInputs:
+    tokenizer: Tokenizer
+    train_batches: BatchIterator  # this process's rows of every global batch
+    shapes: list[tuple[int, int]]  # (batch, length) of the training micro-batches
+    accumulation_steps: int  # micro-batches per update (parallel/budget.py)
+    evaluation: tuple[TokenizedCorpus, list[tuple[int, int]]] | None  # split, its shapes
+    bleu_pairs: list[tuple[str, str]]  # (source, reference); empty: no BLEU in training
+
+
+def with_recorded_data_dir(experiment: Experiment) -> Experiment:
+    """Multi30K found through $ATTNMT_MULTI30K_DIR is written into the run's config as an
+    absolute data.data_dir, so evaluating the run later needs no variable."""
+    if experiment.data.source != "multi30k":
+        return experiment
+    data = dataclasses.replace(
+        experiment.data, data_dir=multi30k_recorded_dir(experiment.data.data_dir)
+    )
+    return dataclasses.replace(experiment, data=data)
+
+
+def _run_files(experiment: Experiment, workdir: Path) -> Tokenizer:
+    """config.json and the vocabulary in `workdir`: written by process 0, read by all."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    data, vocab_size = experiment.data, experiment.model.vocab_size
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(json.dumps(experiment.to_dict(), indent=2))
+        ensure_vocab(data, vocab_size, workdir)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("attnmt vocabulary ready")
+    tokenizer = ensure_vocab(data, vocab_size, workdir)
+    if tokenizer.vocab_size > vocab_size:
+        raise ConfigError(
+            f"the vocabulary at {vocab_path(data, workdir)} has {tokenizer.vocab_size} "
+            f"tokens but model.vocab_size is {vocab_size}"
+        )
+    return tokenizer
+
+
+def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainInputs:
+    tokenizer = _run_files(experiment, workdir)
+    data, train = experiment.data, experiment.train
+    vocab_file = vocab_path(data, workdir)
+    corpus, stats = tokenized_split(data, vocab_file, tokenizer, data.train_split, workdir)
+    log.info("training pairs %s", _usable(experiment, data.train_split, stats))
+    batch_shards = mesh.shape[DATA] * mesh.shape[FSDP]
+    plan = plan_batches(
+        data.tokens_per_batch, batch_shards, train.max_tokens_per_device, train.grad_accum_steps
+    )
+    log.info("mesh %s over %d device(s); %s", dict(mesh.shape), mesh.size, plan.describe())
+    shapes = _shapes(experiment, plan.micro_batch_tokens, batch_shards)
+    log.info("bucket shapes (batch, length): %s", shapes)
+    shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
+    batches = BatchIterator(corpus, shapes, seed=train.seed, **shard)
+    evaluation = None
+    if train.eval_every_steps and data.eval_split:
+        eval_corpus, eval_stats = tokenized_split(
+            data, vocab_file, tokenizer, data.eval_split, workdir
+        )
+        log.info("evaluation pairs %s", _usable(experiment, data.eval_split, eval_stats))
+        tokens = data.eval_tokens_per_batch or plan.micro_batch_tokens
+        evaluation = (eval_corpus, _shapes(experiment, tokens, batch_shards))
+    bleu_pairs: list[tuple[str, str]] = []
+    if train.bleu_every_steps and data.eval_split:
+        bleu_pairs = load_split(data, data.eval_split)[: train.bleu_max_sentences or None]
+    return TrainInputs(tokenizer, batches, shapes, plan.accumulation_steps, evaluation, bleu_pairs)
+
+
+def _shapes(experiment: Experiment, tokens: int, batch_shards: int) -> list[tuple[int, int]]:
+    data = experiment.data
+    try:
+        return bucket_shapes(
+            data.max_length,
+            tokens,
+            min_length=data.min_bucket_length,
+            # Every device (and every process) gets the same number of whole sentences.
+            batch_multiple=math.lcm(data.batch_multiple, batch_shards),
+        )
+    except ValueError as error:
+        raise ConfigError(f"data.tokens_per_batch / data.max_length: {error}") from None
+
+
+def _usable(experiment: Experiment, split: str, stats: FilterStats) -> str:
+    """A log line for what filtering kept; DataError if it kept nothing."""
+    what = (
+        f"{split!r}: kept {stats.kept} of {stats.total} pairs ({stats.too_long} longer than "
+        f"data.max_length={experiment.data.max_length} tokens, {stats.empty} with an empty side)"
+    )
+    if stats.kept == 0:
+        raise DataError(f"no usable sentence pairs in split {what}")
+    return what
