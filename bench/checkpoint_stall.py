@@ -14,7 +14,6 @@ handlers, so it is reported apart from the steady ones.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import tempfile
 import time
@@ -24,10 +23,11 @@ import jax
 import numpy as np
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.model.transformer import Transformer
-from attnmt.train import step as steps
-from attnmt.train.optim import make_optimizer, paper_schedule
+from attnmt.parallel.config import ParallelConfig
+from attnmt.parallel.mesh import make_mesh
+from attnmt.parallel.sharding import put_batch
 from attnmt.train.preflight import format_bytes, tree_bytes
+from attnmt.train.program import build_program
 
 
 def main() -> None:
@@ -38,18 +38,14 @@ def main() -> None:
     args = parser.parse_args()
 
     experiment = common.load_experiment(args.config)
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    schedule = paper_schedule(experiment.model.d_model, experiment.optim.warmup_steps)
+    mesh = make_mesh(ParallelConfig(data=1), jax.devices()[:1])
+    program = build_program(experiment, mesh)
     batch_size, length = args.shape
     rng = np.random.default_rng(0)
     tokens = rng.integers(4, experiment.model.vocab_size, (batch_size, length), dtype=np.int32)
-    batch = {"src_tokens": tokens, "tgt_tokens": tokens}
-    create = functools.partial(steps.create_train_state, model, optimizer)
-    state = jax.jit(create)(jax.random.PRNGKey(0), batch)
-    train_step = jax.jit(
-        functools.partial(steps.train_step, model, optimizer, schedule, 0.1), donate_argnums=(0,)
-    )
+    batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, mesh)
+    state = program.init_state()
+    train_step = program.train_step
     state, _ = train_step(state, batch)  # compile outside the timings
     common.block(state)
     print(f"{args.config}: train state {format_bytes(tree_bytes(state))} on {jax.devices()[0]}")

@@ -42,9 +42,10 @@ import numpy as np
 from attnmt.compile_options import compiler_options
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator
-from attnmt.model.transformer import Transformer
+from attnmt.parallel.config import ParallelConfig
+from attnmt.parallel.mesh import make_mesh
 from attnmt.train import step as steps
-from attnmt.train.optim import make_optimizer, paper_schedule
+from attnmt.train.program import build_program
 
 DEFAULT_SHAPES = {"tiny": (16, 32), "wmt14_ende": (64, 32), "wmt14_ende_big": (64, 32)}
 FALLBACK_SHAPE = (64, 32)
@@ -147,21 +148,19 @@ def _shape_key(batch: dict[str, np.ndarray]) -> tuple[tuple[int, ...], tuple[int
 
 
 def train_step_parts(experiment: Any) -> tuple[Any, Any]:
-    """(train_step(state, batch), create_train_state(rng, batch)) of an experiment, unjitted:
-    the project's own step with its optimizer, schedule, label smoothing and dropout RNG."""
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    d_model, optim = experiment.model.d_model, experiment.optim
-    schedule = paper_schedule(d_model, optim.warmup_steps, optim.learning_rate_scale)
+    """(train_step(state, batch), create_train_state(rng, batch)) of an experiment, unjitted
+    (the benchmarks jit and compile per shape themselves): the training program's own model,
+    optimizer, schedule, label smoothing and dropout RNG (attnmt.train.program)."""
+    program = build_program(experiment, make_mesh(ParallelConfig(data=1), jax.devices()[:1]))
     step = functools.partial(
         steps.train_step,
-        model,
-        optimizer,
-        schedule,
+        program.model,
+        program.optimizer,
+        program.learning_rate,
         experiment.train.label_smoothing,
         rng_impl=experiment.train.dropout_rng,
     )
-    return step, functools.partial(steps.create_train_state, model, optimizer)
+    return step, functools.partial(steps.create_train_state, program.model, program.optimizer)
 
 
 def time_attnmt(

@@ -10,28 +10,15 @@ from typing import Any
 import ml_collections
 
 from attnmt.config_types import defaults_of
-from attnmt.data.config import DataConfig
-from attnmt.decode.config import DecodeConfig
 from attnmt.errors import ConfigError
-from attnmt.model.config import ModelConfig
-from attnmt.parallel.config import ParallelConfig
-from attnmt.train.config import OptimConfig, TrainConfig
+from attnmt.experiment import section_types
 from attnmt.variants import variant_overrides
-
-SECTIONS = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "optim": OptimConfig,
-    "train": TrainConfig,
-    "decode": DecodeConfig,
-    "parallel": ParallelConfig,
-}
 
 
 def base_config() -> ml_collections.ConfigDict:
     """Every key with its default (the base model of the paper, trained on WMT'14 En-De)."""
     config = ml_collections.ConfigDict()
-    for section, cls in SECTIONS.items():
+    for section, cls in section_types().items():
         config[section] = ml_collections.ConfigDict(defaults_of(cls))
     return config
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,20 +29,13 @@ class Experiment:
     def from_mapping(cls, config: Mapping[str, Any]) -> Experiment:
         """Validates a ConfigDict (or nested dict): unknown sections/keys, types, ranges."""
         config = _to_dict(config)
-        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        sections = section_types()
         unknown = sorted(set(config) - set(sections))
         if unknown:
             raise ConfigError(
                 f"unknown config section(s) {', '.join(unknown)}; known: {', '.join(sections)}"
             )
-        types = {
-            "model": ModelConfig,
-            "data": DataConfig,
-            "optim": OptimConfig,
-            "train": TrainConfig,
-            "decode": DecodeConfig,
-            "parallel": ParallelConfig,
-        }
+        types = section_types()
         parts = {name: from_mapping(types[name], config.get(name, {}), name) for name in types}
         experiment = cls(**parts)
         experiment._check_consistency()
@@ -61,6 +55,12 @@ class Experiment:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def section_types() -> dict[str, type]:
+    """Section name → its typed dataclass, in Experiment's order: the one sections table."""
+    hints = typing.get_type_hints(Experiment)
+    return {field.name: hints[field.name] for field in dataclasses.fields(Experiment)}
 
 
 def _to_dict(config: Mapping[str, Any]) -> dict[str, Any]:
