@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from attnmt.checkpoint.manager import ITEMS, CheckpointManager, checkpoint_dir
+from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir, partial_reader
 from attnmt.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -125,24 +125,8 @@ def average_checkpoints(
     """Writes a workdir whose one checkpoint holds the mean parameters of the newest `last`."""
     workdir = Path(workdir)
     where = checkpoint_dir(workdir)
-    if last < 1:
-        raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {last}")
-    if not Path(where).is_dir():  # checked first: opening a manager would create the folder
-        raise CheckpointError(f"no checkpoints folder at {where}")
-    output = Path(output_dir) if output_dir is not None else workdir / f"average-last{last}"
-    if output.absolute() == workdir.absolute():  # overwrite would delete the sources
-        raise CheckpointError(f"the output dir {output} must differ from the workdir {workdir}")
-    output_checkpoints = Path(checkpoint_dir(output))
-    if not overwrite and output_checkpoints.is_dir() and any(output_checkpoints.iterdir()):
-        raise CheckpointError(f"{output_checkpoints} already holds checkpoints")
-
-    # A PyTree handler (the trainer saves with the Standard one, which writes the same format)
-    # because only it allows partial restores.
-    handlers = {"state": ocp.PyTreeCheckpointHandler()}
-    handlers.update({item: ocp.JsonCheckpointHandler() for item in ITEMS if item != "state"})
-    reader = ocp.CheckpointManager(
-        where, item_handlers=handlers, options=ocp.CheckpointManagerOptions(read_only=True)
-    )
+    output = _checked_output(workdir, where, last, output_dir, overwrite)
+    reader = partial_reader(where)
     try:
         steps = tuple(sorted(reader.all_steps())[-last:])
         if not steps:
@@ -167,15 +151,37 @@ def average_checkpoints(
     else:
         state = state.replace(params=jax.tree_util.tree_map_with_path(mean_like, state.params))
 
+    _write(output, steps[-1], state, data_state, config)
+    for name in WORKDIR_FILES:
+        if (workdir / name).is_file():
+            shutil.copyfile(workdir / name, output / name)
+    log.info("averaged steps %s of %s into %s", list(steps), where, checkpoint_dir(output))
+    return AverageResult(output_dir=output, steps=steps, step=steps[-1])
+
+
+def _checked_output(
+    workdir: Path, where: str, last: int, output_dir: str | Path | None, overwrite: bool
+) -> Path:
+    """The output workdir, once the request is known to be sound."""
+    if last < 1:
+        raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {last}")
+    if not Path(where).is_dir():  # checked first: opening a manager would create the folder
+        raise CheckpointError(f"no checkpoints folder at {where}")
+    output = Path(output_dir) if output_dir is not None else workdir / f"average-last{last}"
+    if output.absolute() == workdir.absolute():  # overwrite would delete the sources
+        raise CheckpointError(f"the output dir {output} must differ from the workdir {workdir}")
+    output_checkpoints = Path(checkpoint_dir(output))
+    if not overwrite and output_checkpoints.is_dir() and any(output_checkpoints.iterdir()):
+        raise CheckpointError(f"{output_checkpoints} already holds checkpoints")
+    return output
+
+
+def _write(output: Path, step: int, state: Any, data_state: dict, config: dict) -> None:
+    output_checkpoints = Path(checkpoint_dir(output))
     if output_checkpoints.exists():
         shutil.rmtree(output_checkpoints)  # (overwrite) a stale newer step would shadow ours
     writer = CheckpointManager(output)
     try:
-        writer.save(steps[-1], state, data_state, config)
+        writer.save(step, state, data_state, config)
     finally:
         writer.close()  # waits for the asynchronous save
-    for name in WORKDIR_FILES:
-        if (workdir / name).is_file():
-            shutil.copyfile(workdir / name, output / name)
-    log.info("averaged steps %s of %s into %s", list(steps), where, output_checkpoints)
-    return AverageResult(output_dir=output, steps=steps, step=steps[-1])

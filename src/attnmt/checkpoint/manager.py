@@ -46,6 +46,17 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
+def partial_reader(directory: str) -> ocp.CheckpointManager:
+    """A read-only manager whose train-state item can be restored in part (the parameters
+    without the optimizer state): only the PyTree handler allows that, and it reads what the
+    Standard one writes."""
+    handlers: dict[str, ocp.CheckpointHandler] = {"state": ocp.PyTreeCheckpointHandler()}
+    handlers.update({item: ocp.JsonCheckpointHandler() for item in ITEMS if item != "state"})
+    return ocp.CheckpointManager(
+        directory, item_handlers=handlers, options=ocp.CheckpointManagerOptions(read_only=True)
+    )
+
+
 def _first_line(error: BaseException, limit: int = 300) -> str:
     """Orbax/TensorStore errors can span pages (whole specs); the first line says what."""
     text = str(error).strip().split("\n", 1)[0] or type(error).__name__
@@ -180,13 +191,7 @@ class CheckpointManager:
         target = {
             "params": jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_params)
         }
-        # Only the PyTree handler restores part of a tree; it reads what the Standard one
-        # wrote.
-        reader = ocp.CheckpointManager(
-            self.directory,
-            item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-            options=ocp.CheckpointManagerOptions(read_only=True),
-        )
+        reader = partial_reader(self.directory)
         try:
             restored = reader.restore(
                 step,

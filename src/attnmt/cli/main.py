@@ -244,6 +244,24 @@ def _add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_translate_command(commands: argparse._SubParsersAction) -> None:
+    translate = commands.add_parser("translate", help="translate lines from stdin or --input")
+    _add_decode_arguments(translate)
+    translate.add_argument("--input", default=None, help="default: stdin")
+    translate.add_argument("--output", default=None, help="default: stdout")
+    translate.add_argument(
+        "--sample",
+        action="store_const",
+        const=True,
+        default=None,
+        help="sample each translation instead of searching (decode.sample)",
+    )
+    translate.add_argument("--temperature", type=float, default=None, help="for --sample")
+    translate.add_argument("--top-k", type=int, default=None, help="for --sample; 0 = all")
+    translate.add_argument("--seed", type=int, default=None, help="for --sample")
+    translate.set_defaults(handler=_cmd_translate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnmt",
@@ -281,21 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=_cmd_average)
 
-    translate = commands.add_parser("translate", help="translate lines from stdin or --input")
-    _add_decode_arguments(translate)
-    translate.add_argument("--input", default=None, help="default: stdin")
-    translate.add_argument("--output", default=None, help="default: stdout")
-    translate.add_argument(
-        "--sample",
-        action="store_const",
-        const=True,
-        default=None,
-        help="sample each translation instead of searching (decode.sample)",
-    )
-    translate.add_argument("--temperature", type=float, default=None, help="for --sample")
-    translate.add_argument("--top-k", type=int, default=None, help="for --sample; 0 = all")
-    translate.add_argument("--seed", type=int, default=None, help="for --sample")
-    translate.set_defaults(handler=_cmd_translate)
+    _add_translate_command(commands)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
     _add_decode_arguments(evaluate)

@@ -37,13 +37,7 @@ def train_vocab(
     ``.vocab`` file atomically; returns ``model_path``. The same input and seed give the
     same model.
     """
-    if vocab_size <= NUM_SPECIAL_TOKENS:
-        raise DataError(
-            f"vocab_size={vocab_size} leaves no room for pieces: the {NUM_SPECIAL_TOKENS} special "
-            "tokens (pad, eos, bos, unk) alone take that many ids"
-        )
-    if model_type not in ("bpe", "unigram", "char", "word"):
-        raise DataError(f"unknown sentencepiece model_type {model_type!r}")
+    _check_vocab_request(vocab_size, model_type)
     model_path = Path(model_path)
     vocab_path = model_path.with_suffix(".vocab")
     model_path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,15 +75,28 @@ def train_vocab(
     except RuntimeError as e:
         raise _training_error(e, vocab_size, fed) from None
     model_bytes = proto.getvalue()
-    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
-    # The .vocab file is for people (piece and score per line), as sentencepiece writes it.
-    vocab_text = "".join(
-        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
-    )
     # .vocab first: a present .model then means both files are complete.
-    _write_atomic(vocab_path, vocab_text.encode("utf-8"))
+    _write_atomic(vocab_path, _vocab_listing(model_bytes).encode("utf-8"))
     _write_atomic(model_path, model_bytes)
     return model_path
+
+
+def _check_vocab_request(vocab_size: int, model_type: str) -> None:
+    if vocab_size <= NUM_SPECIAL_TOKENS:
+        raise DataError(
+            f"vocab_size={vocab_size} leaves no room for pieces: the {NUM_SPECIAL_TOKENS} special "
+            "tokens (pad, eos, bos, unk) alone take that many ids"
+        )
+    if model_type not in ("bpe", "unigram", "char", "word"):
+        raise DataError(f"unknown sentencepiece model_type {model_type!r}")
+
+
+def _vocab_listing(model_bytes: bytes) -> str:
+    """The .vocab file, for people: piece and score per line, as sentencepiece writes it."""
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    return "".join(
+        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
+    )
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -494,10 +494,24 @@ def sample(
             tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
         )
 
+    choose = _sampler(rng, batch_size, temperature, top_k)
+    sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
+    return _single_path_decode(
+        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
+    )
+
+
+def _sampler(
+    rng: jax.Array, batch_size: int, temperature: float, top_k: int
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """`choose(log_probs [batch, vocab], step) -> tokens [batch]` for :func:`sample`."""
     typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
     per_row = rng.ndim == (1 if typed else 2)
     if per_row and rng.shape[0] != batch_size:
         raise ValueError(f"{rng.shape[0]} row keys for batch_size = {batch_size}")
+
+    def draw(key: jax.Array, logits: jax.Array, step: jax.Array) -> jax.Array:
+        return jax.random.categorical(jax.random.fold_in(key, step), logits, axis=-1)
 
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
         # log_softmax(logits) / T differs from logits / T by a per-row constant, so sampling from
@@ -506,18 +520,11 @@ def sample(
         if 0 < top_k < scaled.shape[-1]:
             kth = lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
             scaled = jnp.where(scaled < kth, NEG_INF, scaled)
-        if not per_row:
-            return jax.random.categorical(jax.random.fold_in(rng, step), scaled, axis=-1)
+        if per_row:
+            return jax.vmap(draw, in_axes=(0, 0, None))(rng, scaled, step)
+        return draw(rng, scaled, step)
 
-        def draw(key: jax.Array, row: jax.Array) -> jax.Array:
-            return jax.random.categorical(jax.random.fold_in(key, step), row)
-
-        return jax.vmap(draw)(rng, scaled)
-
-    sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
-    return _single_path_decode(
-        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
-    )
+    return choose
 
 
 # --------------------------------------------------------------------------- ensembles
