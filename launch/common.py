@@ -23,8 +23,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from attnmt.errors import ConfigError
+from attnmt.overrides import OVERRIDE_PREFIX
+from attnmt.overrides import split_overrides as _split_overrides
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-OVERRIDE_PREFIX = "--config."
 HEREDOC_END = "ATTNMT_EOF"
 # Seconds the other processes of a group get to checkpoint and exit after one has failed.
 STOP_GRACE_SECONDS = 30.0
@@ -42,31 +45,12 @@ def format_value(value: Any) -> str:
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """Separates `--config.a.b=v` (or `--config.a.b v`) from the launcher's own flags.
-
-    They are taken out before argparse sees them because argparse would treat them as
-    unknown options (or, in the two-word form, as a stray positional).
-    """
-    rest: list[str] = []
-    overrides: dict[str, str] = {}
-    items = list(argv)
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if item.startswith(OVERRIDE_PREFIX):
-            key, sep, value = item[len(OVERRIDE_PREFIX) :].partition("=")
-            if not sep:
-                if i + 1 >= len(items):
-                    raise LaunchError(f"{item} needs a value: {item}=VALUE")
-                i += 1
-                value = items[i]
-            if not key:
-                raise LaunchError(f"cannot read override {item!r}; write --config.section.key=v")
-            overrides[key] = value
-        else:
-            rest.append(item)
-        i += 1
-    return rest, overrides
+    """Separates `--config.a.b=v` (or `--config.a.b v`) from the launcher's own flags, read
+    as attnmt itself reads them (attnmt.overrides)."""
+    try:
+        return _split_overrides(argv)
+    except ConfigError as error:
+        raise LaunchError(str(error)) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import ml_collections
 from attnmt.config_types import defaults_of
 from attnmt.errors import ConfigError
 from attnmt.experiment import section_types
+from attnmt.overrides import set_value
 from attnmt.variants import variant_overrides
 
 
@@ -23,22 +24,10 @@ def base_config() -> ml_collections.ConfigDict:
     return config
 
 
-def set_dotted(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
-    """config["a.b"] = value, refusing keys the config does not have."""
-    *parents, leaf = dotted.split(".")
-    node = config
-    for name in parents:
-        if name not in node:
-            raise ConfigError(f"unknown config key {dotted!r} (no section {name!r})")
-        node = node[name]
-    if leaf not in node:
-        raise ConfigError(f"unknown config key {dotted!r}")
-    node[leaf] = value
-
-
 def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
+    """Sets typed values by dotted key (attnmt.overrides), refusing unknown keys."""
     for dotted, value in overrides.items():
-        set_dotted(config, dotted, value)
+        set_value(config, dotted, value)
 
 
 def apply_variant(config: ml_collections.ConfigDict, variant: str, language_pair: str) -> None:

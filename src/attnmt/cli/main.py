@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from attnmt.errors import ConfigError, UserError
+from attnmt.overrides import OVERRIDE_PREFIX, split_overrides
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -314,24 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Separates `--config.a.b=v` / `--config.a.b v` from the ordinary flags."""
-    rest, overrides = [], []
-    items = list(argv)
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if item.startswith("--config."):
-            if "=" not in item and i + 1 < len(items):
-                item = f"{item}={items[i + 1]}"
-                i += 1
-            overrides.append(item)
-        else:
-            rest.append(item)
-        i += 1
-    return rest, overrides
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO,
@@ -340,8 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("absl", "jax._src.xla_bridge", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    rest, overrides = _split_overrides(sys.argv[1:] if argv is None else argv)
+    try:
+        rest, parsed = split_overrides(sys.argv[1:] if argv is None else argv)
+    except UserError as error:
+        print(f"attnmt: error: {error}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(rest)
+    overrides = [f"{OVERRIDE_PREFIX}{key}={value}" for key, value in parsed.items()]
     try:
         return args.handler(args, overrides)
     except UserError as error:
