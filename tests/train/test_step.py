@@ -47,9 +47,11 @@ def test_two_micro_batches_equal_one_batch_of_both():
     schedule = paper_schedule(CONFIG.d_model, 10)
     both = {k: np.concatenate([a[k], b[k]]) for k in a}
     rng = jax.random.PRNGKey(1)
-    whole_grads, whole_sums = steps.compute_gradients(model, state.params, both, rng, 0.1)
-    grads_a, sums_a = steps.compute_gradients(model, state.params, a, rng, 0.1)
-    grads_b, sums_b = steps.compute_gradients(model, state.params, b, rng, 0.1)
+    # Jitted: op by op, the model's many small ops dominate the test's time.
+    gradients = jax.jit(lambda p, batch: steps.compute_gradients(model, p, batch, rng, 0.1))
+    whole_grads, whole_sums = gradients(state.params, both)
+    grads_a, sums_a = gradients(state.params, a)
+    grads_b, sums_b = gradients(state.params, b)
     grads = jax.tree_util.tree_map(jnp.add, grads_a, grads_b)
     sums = {k: sums_a[k] + sums_b[k] for k in sums_a}
     # Both are float32 sums of the same per-token terms in another order: within
@@ -65,8 +67,10 @@ def test_two_micro_batches_equal_one_batch_of_both():
     expected_tokens = np.count_nonzero(a["tgt_tokens"]) + np.count_nonzero(b["tgt_tokens"])
     assert float(sums["tokens"]) == expected_tokens
 
-    whole, whole_metrics = steps.train_step(model, optimizer, schedule, 0.1, state, both)
-    accumulated, metrics = steps.apply_gradients(optimizer, state, grads, sums, schedule)
+    train = jax.jit(functools.partial(steps.train_step, model, optimizer, schedule, 0.1))
+    whole, whole_metrics = train(state, both)
+    apply = jax.jit(functools.partial(steps.apply_gradients, optimizer, learning_rate_fn=schedule))
+    accumulated, metrics = apply(state, grads, sums)
     assert_same_updates(state.params, whole.params, accumulated.params, steps=1)
     np.testing.assert_allclose(float(metrics["loss"]), float(whole_metrics["loss"]), rtol=LOSS_RTOL)
 
@@ -74,9 +78,10 @@ def test_two_micro_batches_equal_one_batch_of_both():
 def test_non_finite_gradients_skip_the_update_and_are_counted():
     model, optimizer, state, a, _ = _setup()
     schedule = paper_schedule(CONFIG.d_model, 10)
-    grads, sums = steps.compute_gradients(model, state.params, a, jax.random.PRNGKey(0), 0.1)
+    gradients = jax.jit(lambda p: steps.compute_gradients(model, p, a, jax.random.PRNGKey(0), 0.1))
+    grads, sums = gradients(state.params)
     poisoned = jax.tree_util.tree_map(lambda g: g.at[(0,) * g.ndim].set(jnp.nan), grads)
-    apply = functools.partial(steps.apply_gradients, optimizer)
+    apply = jax.jit(functools.partial(steps.apply_gradients, optimizer), static_argnums=3)
     skipped, metrics = apply(state, poisoned, sums, schedule)
     assert int(skipped.step) == 0 and int(skipped.skipped_steps) == 1 and int(metrics["skipped"])
     for x, y in zip(
