@@ -133,12 +133,16 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
         *_overrides(reversal_corpus, 60),
         "--config.model.scan_layers=true",
         "--config.train.checkpoint_every_steps=30",
+        # BLEU during training decodes the trainer's own (stacked) parameters.
+        "--config.train.bleu_every_steps=60",
+        "--config.train.bleu_max_sentences=8",
     ]
     workdir = tmp_path / "run"
     trainer = Trainer(_experiment(overrides), workdir)
     initial = trainer.evaluate()
     trainer.run()
     assert trainer.evaluate()["nll"] < 0.7 * initial["nll"]
+    assert list((workdir / "tensorboard" / "bleu").glob("events.out.tfevents.*"))
     argv = ["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]
     assert main([*argv, "--average-last", "2", "--xla-opt-level", "1"]) == 0
     hypotheses = (workdir / "decodes" / "dev-step60-avg2-beam2.tgt").read_text().splitlines()

@@ -244,11 +244,9 @@ class Translator:
             raise ValueError("at least one model is needed")
         self.tokenizer = tokenizer
         self.decode_config = decode
-        # Stacked (scan_layers) checkpoints are converted once here, not inside every
-        # compiled batch; prepare_search then finds the per-layer layout already.
-        converted = [layout.for_decoding(c, p) for c, p in zip(configs, params_list, strict=True)]
-        configs = [config for config, _ in converted]
-        self.params_list = [params for _, params in converted]
+        self._trained_configs = list(configs)
+        self.set_params(params_list)
+        configs = [layout.for_decoding(config, None)[0] for config in configs]
         learned = [c.max_length for c in configs if c.positional == "learned"]
         self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
@@ -266,6 +264,15 @@ class Translator:
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
+
+    def set_params(self, params_list: Sequence[Any]) -> None:
+        """The parameters to translate with, one per model, as training stores them (None:
+        given later). Stacked (scan_layers) ones are converted here, once, not inside
+        every compiled batch; prepare_search then finds the per-layer layout already."""
+        self.params_list = [
+            layout.for_decoding(config, params)[1]
+            for config, params in zip(self._trained_configs, params_list, strict=True)
+        ]
 
     def _source_ids(self, lines: Sequence[str], first_line: int) -> list[list[int]]:
         encoded = []

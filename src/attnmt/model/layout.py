@@ -54,10 +54,9 @@ def stack_layers(params: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
 
 def for_decoding(config: ModelConfig, params: Any) -> tuple[ModelConfig, Any]:
     """The config and parameters to decode with: incremental decoding (cache, beam
-    reordering along the batch axis) runs on the per-layer layout."""
+    reordering along the batch axis) runs on the per-layer layout. `params` may be None
+    (parameters given later)."""
     if not config.scan_layers:
         return config, params
-    return (
-        dataclasses.replace(config, scan_layers=False),
-        unstack_layers(params, config.num_layers),
-    )
+    per_layer = None if params is None else unstack_layers(params, config.num_layers)
+    return dataclasses.replace(config, scan_layers=False), per_layer

@@ -141,7 +141,9 @@ class _Profiler:
 
 
 class Trainer:
-    """Holds the compiled steps and the run's state; `run()` is the loop.
+    """The run's state and the loop over it (`run()`): iterate, step, log, evaluate,
+    checkpoint, stop. Its parts come from `train/inputs.py` (what the run reads) and
+    `train/program.py` (the compiled training program).
 
     `memory_limit_bytes` replaces the device's memory figure in the pre-flight check.
     """
@@ -231,7 +233,7 @@ class Trainer:
 
     def bleu(self) -> dict[str, float]:
         """Beam-search BLEU of the current parameters on (part of) the evaluation split."""
-        self.translator.params_list = [self.state.params]
+        self.translator.set_params([self.state.params])
         hypotheses = self.translator.translate([src for src, _ in self.bleu_pairs])
         references = [tgt for _, tgt in self.bleu_pairs]
         sacre, tokenized, m30k = score(self.experiment, hypotheses, references)
