@@ -90,13 +90,9 @@ def assert_same_losses(reference: list[float], other: list[float], rtol: float =
 def initial_params(experiment: Any) -> Any:
     """The parameters a new run of `experiment` starts from (drawn from train.seed; the
     values do not depend on the mesh, see tests/parallel/test_sharding.py)."""
-    from attnmt.model.transformer import Transformer
-    from attnmt.train.optim import make_optimizer
-    from attnmt.train.step import create_train_state
+    from attnmt.parallel.config import ParallelConfig
+    from attnmt.parallel.mesh import make_mesh
+    from attnmt.train.program import build_program
 
-    model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    example = {"src_tokens": np.zeros((1, 8), np.int32), "tgt_tokens": np.zeros((1, 8), np.int32)}
-    rng = jax.random.PRNGKey(experiment.train.seed)
-    state = jax.jit(lambda r: create_train_state(model, optimizer, r, example))(rng)
-    return jax.device_get(state.params)
+    one_device = make_mesh(ParallelConfig(data=1), jax.devices()[:1])
+    return jax.device_get(build_program(experiment, one_device).init_state().params)

@@ -75,8 +75,14 @@ def abstract_state(experiment: Experiment, mesh: Mesh) -> steps.TrainState:
     without allocating it (Orbax restores into these; a new state is created in them)."""
     model = Transformer(experiment.model)
     optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
+    return _abstract(model, optimizer, experiment.train.seed, mesh)
+
+
+def _abstract(
+    model: Transformer, optimizer: optax.GradientTransformation, seed: int, mesh: Mesh
+) -> steps.TrainState:
     create = functools.partial(steps.create_train_state, model, optimizer, unbox=False)
-    rng = jax.random.PRNGKey(experiment.train.seed)
+    rng = jax.random.PRNGKey(seed)
     return abstract_with_shardings(jax.eval_shape(create, rng, example_batch()), mesh)
 
 
@@ -93,7 +99,7 @@ def build_program(experiment: Experiment, mesh: Mesh) -> TrainProgram:
     train = experiment.train
     smoothing, rng_impl = train.label_smoothing, train.dropout_rng
     options = compiler_options(train.xla_backend_optimization_level)
-    abstract = abstract_state(experiment, mesh)
+    abstract = _abstract(model, optimizer, train.seed, mesh)
     state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
     params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
     ruled = functools.partial(jit_with_rules, mesh=mesh, compiler_options=options)
