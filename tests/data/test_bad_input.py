@@ -14,7 +14,7 @@ import pytest
 from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
 from attnmt.experiment import Experiment
-from attnmt.train.loop import Trainer
+from attnmt.train.assemble import build_trainer
 from tests.test_config import CONFIGS
 
 GOOD = ["a b c", "d e", "f g h a", "b c d e f"] * 10
@@ -127,7 +127,7 @@ def test_long_and_empty_pairs_are_counted_skipped_and_logged(tmp_path, caplog):
     config = load_config_file(str(CONFIGS / "tiny.py"))
     apply_command_line_overrides(config, overrides(tmp_path))
     with caplog.at_level(logging.INFO, logger="attnmt.train"):
-        trainer = Trainer(Experiment.from_mapping(config), tmp_path / "run")
+        trainer = build_trainer(Experiment.from_mapping(config), tmp_path / "run")
     assert (
         "training pairs 'train': kept 40 of 50 pairs (7 longer than data.max_length=16 tokens, "
         "3 with an empty side)" in caplog.text

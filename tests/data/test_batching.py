@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnmt.data.batching import BatchPlan, bucket_lengths, bucket_shapes, plan_epoch
+from attnmt.data.batching import PlannedBatch, bucket_lengths, bucket_shapes, plan_epoch
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def smallest_fitting(need: int, shapes: list[tuple[int, int]]) -> int | None:
     return None
 
 
-def check_plan(src, tgt, shapes, plan: list[BatchPlan], budget: int | None = None) -> None:
+def check_plan(src, tgt, shapes, plan: list[PlannedBatch], budget: int | None = None) -> None:
     """Brute-force checks of one epoch's plan."""
     seen: list[int] = []
     per_bucket: dict[int, list[int]] = {}

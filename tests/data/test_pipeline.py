@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from attnmt.data.batching import bucket_shapes
-from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus, padding_fraction
+from attnmt.data.pipeline import (
+    BatchIterator,
+    FilterStats,
+    TokenizedCorpus,
+    padding_fraction,
+    split_batch,
+)
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
 from attnmt.special_tokens import EOS_ID, PAD_ID
@@ -195,6 +201,22 @@ def test_padding_fraction_hand_computed() -> None:
     assert padding_fraction(batch) == pytest.approx(6 / 16)
     empty = {k: np.zeros((2, 4), np.int32) for k in batch}
     assert padding_fraction(empty) == 0.0
+
+
+@pytest.mark.parametrize(("rows", "parts", "size"), [(7, 3, 3), (6, 3, 2), (5, 1, 8)])
+def test_split_batch_keeps_every_row_in_order_and_pads_the_rest(rows, parts, size) -> None:
+    rng = np.random.default_rng(rows)
+    batch = {
+        k: rng.integers(1, 9, (rows, 4)).astype(np.int32) for k in ("src_tokens", "tgt_tokens")
+    }
+    pieces = split_batch(batch, parts, size)
+    assert [len(p["src_tokens"]) for p in pieces] == [size] * parts
+    for key in batch:
+        joined = np.concatenate([p[key] for p in pieces])
+        np.testing.assert_array_equal(joined[:rows], batch[key])
+        assert (joined[rows:] == PAD_ID).all()  # filler rows hold no token
+    with pytest.raises(ValueError, match="cannot hold"):
+        split_batch(batch, parts, (rows - 1) // parts)
 
 
 def test_real_multi30k_end_to_end(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ MIXED = ["--config.parallel.data=2", "--config.parallel.fsdp=2", "--config.paral
 
 
 def _run(corpus, workdir, steps, devices, parallel, dropout):
-    from attnmt.train.loop import Trainer
+    from attnmt.train.assemble import build_trainer
 
     overrides = [
         *_overrides(corpus, steps),
@@ -31,7 +31,7 @@ def _run(corpus, workdir, steps, devices, parallel, dropout):
         f"--config.parallel.num_devices={devices}",
         *parallel,
     ]
-    trainer = Trainer(_experiment(overrides), workdir)
+    trainer = build_trainer(_experiment(overrides), workdir)
     data_state = trainer.train_batches.get_state()
     start = jax.device_get(trainer.state.params)
     result = trainer.run()

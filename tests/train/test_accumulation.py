@@ -1,9 +1,10 @@
 """Gradient accumulation through the trainer's own path: an update made of N micro-batches
 is the update of one batch holding all of them.
 
-The trainer draws its micro-batches, sums their gradients and token counts on the device
-and applies one update; the reference is the fused single-batch step on the same rows,
-padded to one length and stacked. SGD makes the update proportional to the gradient, so a
+The trainer draws the update's batch, splits it row-wise into micro-batches (filler rows
+of padding make them equal), sums their gradients and token counts on the device and
+applies one update; the reference is the fused single-batch step on the drawn batch. SGD
+makes the update proportional to the gradient, so a
 wrong scale (each micro-batch normalised by its own token count, a micro-batch dropped or
 counted twice) shows as an update off by ≥ 1/N of itself; tests/equivalence.py gives the
 rounding bound.
@@ -15,28 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from attnmt.data.pipeline import BatchIterator
+from attnmt.data.pipeline import BatchIterator, split_batch
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import PAD_ID
 from attnmt.train import step as steps
-from attnmt.train.loop import Trainer
+from attnmt.train.assemble import build_trainer
 from attnmt.train.optim import make_optimizer, paper_schedule
 from tests.equivalence import assert_same_losses, assert_same_updates
 from tests.train.test_end_to_end import _experiment, _overrides, reversal_corpus  # noqa: F401
-
-
-def _stacked(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One batch holding every row, padded to the longest micro-batch."""
-    length = max(b["src_tokens"].shape[1] for b in batches)
-    return {
-        key: np.concatenate(
-            [
-                np.pad(b[key], ((0, 0), (0, length - b[key].shape[1])), constant_values=PAD_ID)
-                for b in batches
-            ]
-        )
-        for key in ("src_tokens", "tgt_tokens")
-    }
 
 
 def _reference_update(experiment, state, batch):
@@ -68,23 +54,25 @@ def test_trainer_accumulates_micro_batches_like_one_batch(
         "--config.train.eval_every_steps=0",
         "--config.parallel.num_devices=1",
     ]
-    trainer = Trainer(_experiment(overrides), tmp_path / "run")
+    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
     assert trainer.accumulation_steps == micro_batches
     before = jax.device_get(trainer.state)  # the run donates its state buffers
     position = trainer.train_batches.get_state()
     result = trainer.run()
     assert result.step == 1
 
-    # The micro-batches the trainer drew, replayed from its data position.
-    replay = BatchIterator(trainer.train_batches.corpus, trainer.shapes, seed=0)
+    # The batch the trainer drew, replayed from its data position, and its micro-batches.
+    replay = BatchIterator(trainer.train_batches.corpus, trainer.train_batches.shapes, seed=0)
     replay.set_state(position)
-    drawn = [next(replay) for _ in range(micro_batches)]
+    whole = next(replay)
     assert replay.get_state() == trainer.train_batches.get_state()
-    token_counts = [int(np.count_nonzero(b["tgt_tokens"])) for b in drawn]
+    rows = trainer.plan.process_micro_rows(len(whole["src_tokens"]))
+    assert (rows - 1) * micro_batches < len(whole["src_tokens"]) <= rows * micro_batches
+    parts = split_batch(whole, micro_batches, rows)
+    token_counts = [int(np.count_nonzero(b["tgt_tokens"])) for b in parts]
     # Unequal token counts: a mean of per-micro-batch means would differ from the true mean.
     assert len(set(token_counts)) > 1, token_counts
 
-    whole = _stacked(drawn)
     expected_state, expected = _reference_update(trainer.experiment, before, whole)
     assert float(expected["tokens"]) == sum(token_counts)
     assert_same_losses([float(expected["loss"])], [result.last_train["loss"]])

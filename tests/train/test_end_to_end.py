@@ -13,7 +13,7 @@ from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
 from attnmt.experiment import Experiment
-from attnmt.train.loop import Trainer
+from attnmt.train.assemble import build_trainer
 from tests.equivalence import assert_same_losses, assert_same_updates
 from tests.test_config import CONFIGS
 
@@ -59,7 +59,7 @@ def _experiment(overrides):
 def test_train_learns_checkpoints_and_evaluates(reversal_corpus, tmp_path, capsys):
     # Resuming is proven bit for bit, through the real command, in test_resilience.py.
     workdir = tmp_path / "run"
-    trainer = Trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
+    trainer = build_trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
     initial = trainer.evaluate()
     result = trainer.run()
     assert result.step == 120
@@ -118,7 +118,7 @@ def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path
         "--config.train.profile_first_step=2",
         "--config.train.profile_num_steps=2",
     ]
-    trainer = Trainer(_experiment(overrides), tmp_path / "run")
+    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
     result = trainer.run()
     logged = result.last_train
     assert logged["model_tflops_per_second"] > 0
@@ -138,7 +138,7 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
         "--config.train.bleu_max_sentences=8",
     ]
     workdir = tmp_path / "run"
-    trainer = Trainer(_experiment(overrides), workdir)
+    trainer = build_trainer(_experiment(overrides), workdir)
     initial = trainer.evaluate()
     trainer.run()
     assert trainer.evaluate()["nll"] < 0.7 * initial["nll"]
@@ -161,7 +161,7 @@ def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
             "--config.train.log_every_steps=4",
             f"--config.train.xla_backend_optimization_level={level}",
         ]
-        trainer = Trainer(_experiment(overrides), tmp_path / f"run{level}")
+        trainer = build_trainer(_experiment(overrides), tmp_path / f"run{level}")
         start = jax.device_get(trainer.state.params)
         runs.append((start, trainer.run().last_train["loss"], trainer.state.params))
     (start, loss, params), (other_start, other_loss, other_params) = runs

@@ -11,6 +11,7 @@ from attnmt.cli.config_file import apply_command_line_overrides, load_config_fil
 from attnmt.errors import ConfigError
 from attnmt.experiment import Experiment
 from attnmt.model.param_count import count_parameters
+from attnmt.train.assemble import build_trainer
 from attnmt.train.loop import Trainer
 from attnmt.train.preflight import device_memory_limit, estimate_train_memory, memory_preflight
 from tests.test_config import CONFIGS
@@ -50,19 +51,11 @@ def corpus(tmp_path_factory) -> Path:
 def trainer(corpus, tmp_path_factory) -> Trainer:
     experiment = tiny_experiment(corpus, "--config.train.memory_preflight=false")
     # The switch is honoured: even a 1-byte limit is not checked.
-    return Trainer(experiment, tmp_path_factory.mktemp("run"), memory_limit_bytes=1)
+    return build_trainer(experiment, tmp_path_factory.mktemp("run"), memory_limit_bytes=1)
 
 
 def run_preflight(trainer: Trainer, limit: int | None):
-    abstract = trainer.program.abstract_state
-    return memory_preflight(
-        trainer.experiment,
-        trainer.program.train_step,
-        trainer.program.grad_step,
-        abstract,
-        trainer.shapes,
-        limit,
-    )
+    return memory_preflight(trainer.program, trainer.shapes, trainer.accumulation_steps, limit)
 
 
 def test_estimate_counts_the_state_and_at_least_the_logits(trainer):
@@ -108,7 +101,7 @@ def test_a_step_that_cannot_fit_is_refused_naming_what_to_change(trainer):
 
 def test_the_trainer_refuses_before_any_step(corpus, tmp_path):
     with pytest.raises(ConfigError, match="memory pre-flight: one training step"):
-        Trainer(tiny_experiment(corpus), tmp_path, memory_limit_bytes=100_000)
+        build_trainer(tiny_experiment(corpus), tmp_path, memory_limit_bytes=100_000)
     assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
 
 
@@ -129,7 +122,7 @@ def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
 
     from attnmt.parallel.sharding import put_batch
 
-    trainer = Trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
+    trainer = build_trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
     shape = max(trainer.shapes, key=lambda s: (s[1], s[0] * s[1]))
     tokens = np.full(shape, 5, np.int32)
     batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
@@ -145,3 +138,33 @@ def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
     other = put_batch({"src_tokens": tokens[:, :-1], "tgt_tokens": tokens[:, :-1]}, trainer.mesh)
     trainer.program.train_step(state, other)  # another shape: compiled now (the check can fail)
     assert len(compiles) == 1
+
+
+def test_the_preflight_checks_the_micro_batch_the_batch_plan_accumulates(corpus, tmp_path):
+    """train.max_tokens_per_device splits the update into micro-batches (grad_accum_steps
+    stays 1): the pre-flight analyses and compiles the gradient step on the micro-batch,
+    which training then runs without compiling it again."""
+    import jax
+    import numpy as np
+
+    from attnmt.parallel.sharding import put_batch
+
+    experiment = tiny_experiment(
+        corpus, "--config.train.max_tokens_per_device=64", "--config.parallel.num_devices=1"
+    )
+    trainer = build_trainer(experiment, tmp_path / "run")
+    assert trainer.accumulation_steps == 4  # 256 tokens per update, 64 per micro-batch
+    assert max(batch * length for batch, length in trainer.shapes) <= 64
+    shape = max(trainer.shapes, key=lambda s: (s[1], s[0] * s[1]))
+    tokens = np.full(shape, 5, np.int32)
+    batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
+    compiles = []
+
+    def count(event, seconds, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    grads, _ = trainer.program.grad_step(trainer.state.params, batch, trainer.state.dropout_rng)
+    jax.block_until_ready(grads)
+    assert compiles == []

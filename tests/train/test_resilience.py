@@ -345,7 +345,7 @@ _FAKE_CLOCK_TRAIN = """
 import sys
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
-from attnmt.train import loop
+from attnmt.train import stopping
 
 class Clock:
     now = 0.0
@@ -354,7 +354,7 @@ class Clock:
         self.now += 1.0
         return self.now
 
-loop.time = clock = Clock()
+stopping.time = clock = Clock()
 real_save = CheckpointManager.save
 
 def save(self, step, *args):

@@ -34,7 +34,7 @@ def _experiment(args: argparse.Namespace, overrides: Sequence[str]):
 def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     experiment = _experiment(args, overrides)
     from attnmt.parallel.distributed import initialize
-    from attnmt.train.loop import train
+    from attnmt.train.assemble import train
 
     initialize()  # joins a multi-process job described by the environment, if any
 

@@ -72,14 +72,14 @@ def bucket_shapes(
 
 
 @dataclass(frozen=True, eq=False)
-class BatchPlan:
+class PlannedBatch:
     """One batch of an epoch: which shape it uses and which examples fill its rows."""
 
     shape_index: int
     example_ids: np.ndarray
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BatchPlan):
+        if not isinstance(other, PlannedBatch):
             return NotImplemented
         return self.shape_index == other.shape_index and np.array_equal(
             self.example_ids, other.example_ids
@@ -106,7 +106,7 @@ def plan_epoch(
     seed: int,
     epoch: int,
     shuffle: bool = True,
-) -> list[BatchPlan]:
+) -> list[PlannedBatch]:
     """Groups examples into batches for one epoch.
 
     Lengths include EOS. Each example goes to the smallest bucket that fits both sides;
@@ -131,7 +131,7 @@ def plan_epoch(
         else:
             members = members[np.argsort(need[members], kind="stable")]
         for start in range(0, len(members), batch_size):
-            plans.append(BatchPlan(index, members[start : start + batch_size]))
+            plans.append(PlannedBatch(index, members[start : start + batch_size]))
     if rng is not None:
         plans = [plans[i] for i in rng.permutation(len(plans))]
     return plans

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from attnmt.data.batching import BatchPlan, assign_buckets, plan_epoch
+from attnmt.data.batching import PlannedBatch, assign_buckets, plan_epoch
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
 from attnmt.special_tokens import EOS_ID, PAD_ID
@@ -210,6 +210,24 @@ def padding_fraction(batch: dict[str, np.ndarray]) -> float:
     return pads / slots
 
 
+def split_batch(batch: dict[str, np.ndarray], parts: int, rows: int) -> list[dict[str, np.ndarray]]:
+    """`batch` as `parts` batches of `rows` rows each, its rows in order; all-padding rows
+    (which weigh nothing in the loss) fill the last ones."""
+    have = len(batch["src_tokens"])
+    if parts * rows < have:
+        raise ValueError(f"{parts} parts of {rows} rows cannot hold {have} rows")
+    if parts == 1 and rows == have:
+        return [batch]
+    padded = {
+        name: np.pad(value, ((0, parts * rows - have), (0, 0)), constant_values=PAD_ID)
+        for name, value in batch.items()
+    }
+    return [
+        {name: value[i * rows : (i + 1) * rows] for name, value in padded.items()}
+        for i in range(parts)
+    ]
+
+
 class BatchIterator:
     """Endless (or one-epoch) stream of padded batches; resumable and shardable.
 
@@ -254,14 +272,14 @@ class BatchIterator:
         self._seed = seed
         self._epoch = 0
         self._index = 0
-        self._plan: list[BatchPlan] | None = None
+        self._plan: list[PlannedBatch] | None = None
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0-based)."""
         return self._epoch
 
-    def _current_plan(self) -> list[BatchPlan]:
+    def _current_plan(self) -> list[PlannedBatch]:
         if self._plan is None:
             c = self.corpus
             self._plan = plan_epoch(

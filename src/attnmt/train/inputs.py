@@ -21,7 +21,7 @@ from attnmt.data.sources import multi30k_recorded_dir
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
-from attnmt.parallel.budget import plan_batches
+from attnmt.parallel.budget import BatchPlan, plan_batches
 from attnmt.parallel.mesh import DATA, FSDP
 
 log = logging.getLogger("attnmt.train")
@@ -29,10 +29,10 @@ log = logging.getLogger("attnmt.train")
 
 @dataclasses.dataclass(frozen=True)
 class TrainInputs:
+    workdir: Path
     tokenizer: Tokenizer
-    train_batches: BatchIterator  # this process's rows of every global batch
-    shapes: list[tuple[int, int]]  # (batch, length) of the training micro-batches
-    accumulation_steps: int  # micro-batches per update (parallel/budget.py)
+    train_batches: BatchIterator  # this process's rows of every update's batch
+    plan: BatchPlan  # update shapes, micro-batches per update, their shapes
     evaluation: tuple[TokenizedCorpus, list[tuple[int, int]]] | None  # split, its shapes
     bleu_pairs: list[tuple[str, str]]  # (source, reference); empty: no BLEU in training
 
@@ -72,27 +72,41 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     vocab_file = vocab_path(data, workdir)
     corpus, stats = tokenized_split(data, vocab_file, tokenizer, data.train_split, workdir)
     log.info("training pairs %s", _usable(experiment, data.train_split, stats))
-    batch_shards = mesh.shape[DATA] * mesh.shape[FSDP]
-    plan = plan_batches(
-        data.tokens_per_batch, batch_shards, train.max_tokens_per_device, train.grad_accum_steps
-    )
+    plan = batch_plan(experiment, mesh.shape[DATA] * mesh.shape[FSDP], jax.process_count())
     log.info("mesh %s over %d device(s); %s", dict(mesh.shape), mesh.size, plan.describe())
-    shapes = _shapes(experiment, plan.micro_batch_tokens, batch_shards)
-    log.info("bucket shapes (batch, length): %s", shapes)
+    log.info(
+        "bucket shapes (batch, length): %s per update, %s per micro-batch",
+        plan.update_shapes,
+        plan.micro_shapes,
+    )
     shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-    batches = BatchIterator(corpus, shapes, seed=train.seed, **shard)
+    batches = BatchIterator(corpus, plan.update_shapes, seed=train.seed, **shard)
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
             data, vocab_file, tokenizer, data.eval_split, workdir
         )
         log.info("evaluation pairs %s", _usable(experiment, data.eval_split, eval_stats))
-        tokens = data.eval_tokens_per_batch or plan.micro_batch_tokens
-        evaluation = (eval_corpus, _shapes(experiment, tokens, batch_shards))
+        tokens = data.eval_tokens_per_batch or data.tokens_per_batch // plan.accumulation_steps
+        evaluation = (eval_corpus, _shapes(experiment, tokens, plan.batch_shards))
     bleu_pairs: list[tuple[str, str]] = []
     if train.bleu_every_steps and data.eval_split:
         bleu_pairs = load_split(data, data.eval_split)[: train.bleu_max_sentences or None]
-    return TrainInputs(tokenizer, batches, shapes, plan.accumulation_steps, evaluation, bleu_pairs)
+    return TrainInputs(workdir, tokenizer, batches, plan, evaluation, bleu_pairs)
+
+
+def batch_plan(experiment: Experiment, batch_shards: int, processes: int) -> BatchPlan:
+    """The update shapes (from the token budget and data.batch_multiple, with batch sizes
+    a multiple of the devices: no filler rows without accumulation) and their split into
+    micro-batches under train.max_tokens_per_device / train.grad_accum_steps."""
+    train = experiment.train
+    return plan_batches(
+        _shapes(experiment, experiment.data.tokens_per_batch, batch_shards),
+        batch_shards,
+        processes,
+        train.max_tokens_per_device,
+        train.grad_accum_steps,
+    )
 
 
 def _shapes(experiment: Experiment, tokens: int, batch_shards: int) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from attnmt.errors import ConfigError
 from attnmt.experiment import Experiment
 from attnmt.parallel.sharding import RuledJit
+from attnmt.train.program import TrainProgram
 
 log = logging.getLogger("attnmt.train")
 
@@ -146,7 +147,9 @@ def _remedies(experiment: Experiment, fitting_tokens: int | None) -> str:
     model, data, train = experiment.model, experiment.data, experiment.train
     hint = f"; about {fitting_tokens} may fit" if fitting_tokens else ""
     return (
-        f"Lower data.tokens_per_batch (now {data.tokens_per_batch}{hint}), or raise "
+        f"Lower data.tokens_per_batch (now {data.tokens_per_batch}{hint}), or keep it and set "
+        f"train.max_tokens_per_device (now {train.max_tokens_per_device}; the update then "
+        "accumulates micro-batches of at most that many tokens per device), or raise "
         f"train.grad_accum_steps (now {train.grad_accum_steps}; each micro-batch then holds "
         "tokens_per_batch / grad_accum_steps tokens), or shrink the model "
         f"(model.d_model={model.d_model}, model.d_ff={model.d_ff}, "
@@ -182,18 +185,18 @@ def check_fits(
 
 
 def memory_preflight(
-    experiment: Experiment,
-    train_step: RuledJit,
-    grad_step: RuledJit,
-    abstract_state: Any,
+    program: TrainProgram,
     shapes: list[tuple[int, int]],
+    accumulation_steps: int,
     limit_bytes: int | None = None,
 ) -> MemoryEstimate | None:
-    """Estimates the step on the longest bucket and refuses it if it cannot fit.
+    """Estimates the step training will run (the fused step, or the micro-batch gradient
+    step when the batch plan accumulates) on the longest bucket; refuses it if it cannot fit.
 
     `limit_bytes` overrides the device's figure (tests, or a share of a shared device).
     Returns the estimate, or None when the backend cannot analyse memory.
     """
+    experiment = program.experiment
     # Every bucket holds about the same tokens; attention's length² makes the longest the
     # largest.
     shape = max(shapes, key=lambda s: (s[1], s[0] * s[1]))
@@ -202,7 +205,11 @@ def memory_preflight(
         limit_bytes, where = device_memory_limit()
     try:
         estimate = estimate_train_memory(
-            train_step, grad_step, abstract_state, shape, experiment.train.grad_accum_steps
+            program.train_step,
+            program.grad_step,
+            program.abstract_state,
+            shape,
+            accumulation_steps,
         )
     except NoMemoryAnalysisError as error:
         log.info("memory pre-flight skipped: %s", error)

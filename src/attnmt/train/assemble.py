@@ -1,0 +1,91 @@
+"""Wiring a training run in a workdir: the one place that builds what the Trainer is given.
+
+experiment → mesh → inputs (train/inputs.py) → program (train/program.py) → memory
+pre-flight → checkpoints → state (restored, or new) → Trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+
+from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.data.pipeline import BatchIterator
+from attnmt.decode.translate import Translator
+from attnmt.experiment import Experiment
+from attnmt.parallel.mesh import make_mesh
+from attnmt.train import step as steps
+from attnmt.train.inputs import TrainInputs, prepare_inputs, with_recorded_data_dir
+from attnmt.train.loop import Trainer, TrainResult
+from attnmt.train.metrics import MetricsSink
+from attnmt.train.preflight import memory_preflight
+from attnmt.train.program import TrainProgram, build_program
+from attnmt.train.validation import Validation
+
+log = logging.getLogger("attnmt.train")
+
+
+def build_trainer(
+    experiment: Experiment, workdir: str | Path, memory_limit_bytes: int | None = None
+) -> Trainer:
+    """A Trainer for `experiment` in `workdir`, resumed from its newest checkpoint if any.
+
+    `memory_limit_bytes` replaces the device's memory figure in the pre-flight check.
+    """
+    experiment = with_recorded_data_dir(experiment)
+    workdir = Path(workdir)
+    mesh = make_mesh(experiment.parallel)
+    inputs = prepare_inputs(experiment, workdir, mesh)
+    program = build_program(experiment, mesh)
+    if experiment.train.memory_preflight:
+        memory_preflight(
+            program, inputs.plan.micro_shapes, inputs.plan.accumulation_steps, memory_limit_bytes
+        )
+    # The trainer is the only writer, so it may delete saves a killed run left unfinished.
+    checkpoints = CheckpointManager(
+        workdir, keep=experiment.train.keep_checkpoints, clean_up_unfinished=True
+    )
+    state = _initial_state(program, checkpoints, inputs.train_batches, workdir)
+    return Trainer(
+        program,
+        inputs,
+        state,
+        checkpoints,
+        MetricsSink(workdir, enabled=jax.process_index() == 0),
+        _validation(program, inputs),
+    )
+
+
+def _initial_state(
+    program: TrainProgram,
+    checkpoints: CheckpointManager,
+    train_batches: BatchIterator,
+    workdir: Path,
+) -> steps.TrainState:
+    restored = checkpoints.restore_latest(program.abstract_state)
+    if restored is None:
+        log.info("starting a new run in %s", workdir)
+        return program.init_state()
+    step, state, data_state, _ = restored
+    # The position saved with the same step: the batches after it are those the
+    # uninterrupted run would have drawn next.
+    train_batches.set_state(data_state)
+    log.info("resumed from checkpoint step %d in %s", step, workdir)
+    return state
+
+
+def _validation(program: TrainProgram, inputs: TrainInputs) -> Validation:
+    experiment = program.experiment
+    # Parameters are handed over at each BLEU pass (Validation.bleu).
+    translator = Translator([experiment.model], [None], inputs.tokenizer, experiment.decode)
+    split, shapes = inputs.evaluation if inputs.evaluation is not None else (None, [])
+    return Validation(program, split, shapes, inputs.bleu_pairs, translator)
+
+
+def train(
+    experiment: Experiment, workdir: str | Path, memory_limit_bytes: int | None = None
+) -> TrainResult:
+    """Trains (or resumes) the experiment in `workdir`."""
+    return build_trainer(experiment, workdir, memory_limit_bytes).run()
