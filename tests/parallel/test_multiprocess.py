@@ -5,6 +5,7 @@ Cross-process all-reduces sum in another order than one process's: the runs use 
 the bounds of tests/equivalence.py."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,12 @@ def _env(cache, **extra):
     return env
 
 
+def _logged_tokens(log: str) -> list[tuple[int, float]]:
+    """(step, target_tokens) of every training log line."""
+    found = re.findall(r"\[train\] step (\d+) .*target_tokens=(\S+)", log)
+    return [(int(step), float(tokens)) for step, tokens in found]
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process(reversal_corpus, tmp_path):  # noqa: F811
     two, cache = tmp_path / "two", tmp_path / "jax_cache"
@@ -64,16 +71,24 @@ def test_two_processes_match_one_process(reversal_corpus, tmp_path):  # noqa: F8
         timeout=600,
     )
     one = tmp_path / "one"
-    subprocess.run(
+    single = subprocess.run(
         [sys.executable, "-m", "attnmt", "train", *_args(reversal_corpus, one, 8)],
         check=True,
         env=_env(cache, ATTNMT_LOCAL_DEVICE_COUNT="8"),
         cwd=REPO,
         timeout=600,
+        capture_output=True,
+        text=True,
     )
     a, b = load_run(two), load_run(one)
     assert a.step == b.step == 8
     assert_same_updates(initial_params(b.experiment), b.params, a.params, steps=8)
+
+    # Only process 0 logs, and its figures are the job's: both processes' rows of the
+    # batches (the same global batches as the one-process run's), not its own half.
+    logs = [(two / "logs" / f"process_{i}.log").read_text() for i in range(2)]
+    assert _logged_tokens(logs[1]) == []
+    assert _logged_tokens(logs[0]) == _logged_tokens(single.stderr) != []
 
     # Both processes resume from the checkpoint they wrote together, and continue.
     subprocess.run(

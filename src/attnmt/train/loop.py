@@ -231,6 +231,7 @@ class Trainer:
         )
         tflops = flops / elapsed / 1e12
         summary.update(
+            target_tokens=tokens,  # real (non-pad) target tokens of the window, job-wide
             tokens_per_second=tokens / elapsed,
             step_time=elapsed / len(fetched),
             padding_fraction=padding / max(batches, 1),
