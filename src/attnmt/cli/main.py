@@ -177,6 +177,10 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     split = args.split or runs[0].experiment.data.test_split
     if split == "test":
         split = runs[0].experiment.data.test_split
+    if runs[0].experiment.data.source == "treebank":
+        from attnmt.cli.parse import evaluate_parsing
+
+        return evaluate_parsing(args, overrides, split)
     # Averaged and ensembled decodes get their own file and TensorBoard series, so they do
     # not overwrite the plain checkpoint's results of the same step.
     tag = f"-avg{args.average_last}" if args.average_last else ""
@@ -301,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     average.set_defaults(handler=_cmd_average)
 
     _add_translate_command(commands)
+    from attnmt.cli.attention import add_attention_command
+    from attnmt.cli.parse import add_parse_command
+
+    add_attention_command(commands)
+    add_parse_command(commands)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
     _add_decode_arguments(evaluate)

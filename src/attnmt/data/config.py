@@ -10,12 +10,15 @@ from attnmt.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: Literal["multi30k", "tfds", "files"] = "multi30k"
+    source: Literal["multi30k", "tfds", "files", "treebank"] = "multi30k"
     tfds_name: str = ""  # e.g. "wmt14_translate/de-en" when source == "tfds"
     data_dir: str = ""  # local copy (multi30k), TFDS data_dir, or "" for the default
     download_url: str = ""  # multi30k: where to download from when no local copy exists
     src_path: str = ""  # files: template such as "corpus/{split}.{src}" (plain or .gz)
     tgt_path: str = ""  # files: template such as "corpus/{split}.{tgt}"
+    # treebank (parsing, §6.3): data_dir holds the .mrg files; NAME=FIRST-LAST file ranges
+    treebank_splits: str = ""  # e.g. "train=200-2199,dev=2200-2299,test=2300-2399"
+    treebank_pos: str = "XX"  # every POS tag becomes this target token ("" keeps the tags)
     src_lang: str = "en"
     tgt_lang: str = "de"
     train_split: str = "train"
@@ -34,6 +37,11 @@ class DataConfig:
         """Checked when data is actually read, so `attnmt params` works without paths."""
         if self.source == "tfds" and not self.tfds_name:
             raise ConfigError("data.tfds_name is required when data.source == 'tfds'")
+        if self.source == "treebank" and not (self.data_dir and self.treebank_splits):
+            raise ConfigError(
+                "data.data_dir (a folder of .mrg files) and data.treebank_splits are required "
+                "when data.source == 'treebank'"
+            )
         if self.source == "files" and not (self.src_path and self.tgt_path):
             raise ConfigError(
                 "data.src_path and data.tgt_path are required when data.source == 'files'"

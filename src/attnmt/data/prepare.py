@@ -25,6 +25,12 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
         options = {"name": config.tfds_name, "data_dir": config.data_dir or None}
     elif config.source == "files":
         options = {"src_path": config.src_path, "tgt_path": config.tgt_path}
+    elif config.source == "treebank":
+        options = {
+            "data_dir": config.data_dir,
+            "splits": config.treebank_splits,
+            "pos": config.treebank_pos,
+        }
     return list(
         sources.load_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
     )

@@ -265,6 +265,7 @@ _KIND_OPTIONS = {
     "multi30k": ("data_dir", "download_url", "cache_dir"),
     "tfds": ("name", "data_dir", "download"),
     "files": ("src_path", "tgt_path"),
+    "treebank": ("data_dir", "splits", "pos"),
 }
 
 
@@ -279,7 +280,8 @@ def _fill_template(template: str, split: str, src: str, tgt: str, lang: str) -> 
 
 
 def load_pairs(kind: str, split: str, src_lang: str, tgt_lang: str, **options: Any) -> list[Pair]:
-    """Loads all pairs of ``split`` from a source of ``kind`` (multi30k, tfds, files).
+    """Loads all pairs of ``split`` from a source of ``kind`` (multi30k, tfds, files, or
+    treebank: words → linearized trees, attnmt.data.parsing).
 
     For ``files``, ``src_path``/``tgt_path`` are templates with ``{split}``, ``{src}``,
     ``{tgt}`` and ``{lang}`` (this side's language), e.g. ``data/{split}.{lang}``.
@@ -296,6 +298,10 @@ def load_pairs(kind: str, split: str, src_lang: str, tgt_lang: str, **options: A
         )
     if kind == "multi30k":
         return multi30k_pairs(split, src_lang, tgt_lang, **options)
+    if kind == "treebank":
+        from attnmt.data.parsing import treebank_pairs
+
+        return treebank_pairs(split, **options)
     if kind == "tfds":
         if not options.get("name"):
             raise DataError("data source 'tfds' needs a dataset name, e.g. wmt14_translate/de-en")

@@ -1,0 +1,72 @@
+"""`attnmt parse` (one bracketed tree per input line) and F1 for `attnmt evaluate` on a
+parsing run (data.source == "treebank")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
+from attnmt.errors import ConfigError
+
+
+def add_parse_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "parse", help="constituency trees for tokenized sentences (a parsing run, §6.3)"
+    )
+    _add_decode_arguments(parser)
+    parser.add_argument("--input", default=None, help="one tokenized sentence per line (stdin)")
+    parser.add_argument("--output", default=None, help="one bracketed tree per line (stdout)")
+    parser.set_defaults(handler=run_parse)
+
+
+def _parsing_run(args: argparse.Namespace):
+    if args.ensemble:
+        raise ConfigError(
+            f"attnmt {args.command} on a parsing run takes one model: drop --ensemble"
+        )
+    run = _load_runs(args)[0]
+    if run.experiment.data.source != "treebank":
+        raise ConfigError(
+            f"{args.workdir} was trained on data.source={run.experiment.data.source!r}, not a "
+            "treebank: use attnmt translate"
+        )
+    return run
+
+
+def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt.decode.parsing import bracketed_lines, parse_sentences
+    from attnmt.decode.translate import Translator
+
+    run = _parsing_run(args)
+    translator = Translator(
+        [run.experiment.model], [run.params], run.tokenizer, _decode_config(run, args, overrides)
+    )
+    source = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+    # As for translate: undecodable bytes become U+FFFD and only "\n" ends a line.
+    lines = source.decode("utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    trees = parse_sentences(translator, lines, run.experiment.data.treebank_pos)
+    text = "".join(line + "\n" for line in bracketed_lines(trees))
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def evaluate_parsing(args: argparse.Namespace, overrides: Sequence[str], split: str) -> int:
+    from attnmt.decode.parsing import evaluate_parse_split
+    from attnmt.train.metrics import MetricsSink
+
+    run = _parsing_run(args)
+    decode = _decode_config(run, args, overrides)
+    scores = evaluate_parse_split(run, split, decode, Path(args.workdir) / "decodes")
+    print(scores.format())
+    sink = MetricsSink(args.workdir)
+    sink.write(f"parse_{split}", run.step, scores.scalars())
+    sink.close()
+    return 0

@@ -1,0 +1,72 @@
+"""Parsing with a trained words → linearized-tree model (§6.3): the model's output for each
+sentence becomes a well-formed tree over exactly its words (attnmt.data.treebank repairs
+what the decoder gets wrong), written as one PTB bracketing per line and scored with
+EVALB's conventions."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnmt.data.parsing import treebank_trees
+from attnmt.data.treebank import Tree, delinearize, to_bracketed, words
+from attnmt.decode.config import DecodeConfig
+from attnmt.decode.translate import Translator
+from attnmt.evaluate.parse_f1 import ParseScores, score_trees
+from attnmt.workdir import LoadedRun
+
+
+def parse_sentences(
+    translator: Translator, sentences: Sequence[str], pos: str
+) -> list[Tree | None]:
+    """A tree per sentence (words split on whitespace); None for an empty sentence."""
+    outputs = translator.translate([" ".join(s.split()) for s in sentences])
+    trees: list[Tree | None] = []
+    for sentence, output in zip(sentences, outputs, strict=True):
+        tokens = sentence.split()
+        trees.append(delinearize(output.split(), tokens, pos or None) if tokens else None)
+    return trees
+
+
+def bracketed_lines(trees: Sequence[Tree | None]) -> list[str]:
+    """One line per tree; an empty sentence gives an empty line."""
+    return ["" if tree is None else to_bracketed(tree) for tree in trees]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseSplitScores:
+    split: str
+    seconds: float
+    scores: ParseScores
+    trees_path: Path
+
+    def scalars(self) -> dict[str, float]:
+        s = self.scores
+        return {"f1": s.f1, "precision": s.precision, "recall": s.recall, "exact": s.exact_match}
+
+    def format(self) -> str:
+        return (
+            f"{self.split}: {self.scores.num_sentences} sentences parsed in {self.seconds:.1f} s\n"
+            f"{self.scores.format()}\n  trees: {self.trees_path}"
+        )
+
+
+def evaluate_parse_split(
+    run: LoadedRun, split: str, decode: DecodeConfig, output_dir: Path
+) -> ParseSplitScores:
+    """Parses the gold trees' sentences of `split` and scores the trees against them."""
+    data = run.experiment.data
+    gold = treebank_trees(split, data.data_dir, data.treebank_splits)
+    translator = Translator([run.experiment.model], [run.params], run.tokenizer, decode)
+    start = time.monotonic()
+    parsed = parse_sentences(
+        translator, [" ".join(words(tree)) for tree in gold], data.treebank_pos
+    )
+    seconds = time.monotonic() - start
+    trees = [tree for tree in parsed if tree is not None]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / f"{split}-step{run.step}-beam{decode.beam_size}.trees"
+    path.write_text("\n".join(bracketed_lines(trees)) + "\n", encoding="utf-8")
+    return ParseSplitScores(split, seconds, score_trees(gold, trees), path)
