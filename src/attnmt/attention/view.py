@@ -81,7 +81,8 @@ def view_from_ids(
     """The view of one pair of id sequences (EOS included on both sides)."""
     if not src_ids or not tgt_ids or src_ids[-1] != EOS_ID or tgt_ids[-1] != EOS_ID:
         raise ValueError("source and target ids must be non-empty and end with EOS")
-    maps = attention_maps(Transformer(config), params, np.asarray([src_ids]), np.asarray([tgt_ids]))
+    src, tgt = np.asarray([src_ids], np.int32), np.asarray([tgt_ids], np.int32)
+    maps = attention_maps(Transformer(config), params, src, tgt)
     weights = {
         kind: np.stack(
             [maps[module_name(kind, layer)][0] for layer in range(config.num_layers)]
