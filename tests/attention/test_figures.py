@@ -21,8 +21,8 @@ from attnmt.attention.figures import (
     model_figure,
     query_figure,
     statistics_figure,
-    write_figures,
 )
+from attnmt.attention.files import write_figures
 from attnmt.attention.stats import STATISTICS, head_statistics
 from attnmt.attention.view import KINDS, view_from_ids
 from attnmt.model.config import ModelConfig

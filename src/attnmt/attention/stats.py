@@ -87,10 +87,10 @@ def head_statistics(views: Sequence[AttentionView]) -> list[HeadStatistics]:
 
 
 def format_table(rows: Sequence[HeadStatistics]) -> str:
-    """A fixed-width table, one line per head."""
+    """A fixed-width table, one line per head (layers and heads 1-based, as in figures)."""
     header = f"{'kind':<8} {'layer':>5} {'head':>4} " + " ".join(f"{s:>8}" for s in STATISTICS)
     lines = [header]
     for r in rows:
         values = " ".join(f"{getattr(r, s):8.3f}" for s in STATISTICS)
-        lines.append(f"{r.kind:<8} {r.layer:>5} {r.head:>4} {values}")
+        lines.append(f"{r.kind:<8} {r.layer + 1:>5} {r.head + 1:>4} {values}")
     return "\n".join(lines)

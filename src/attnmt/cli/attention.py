@@ -62,7 +62,7 @@ def run_attention(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 
 def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
-    from attnmt.attention.figures import write_figures
+    from attnmt.attention.files import write_figures
     from attnmt.attention.stats import format_table, head_statistics
     from attnmt.attention.view import KINDS, attention_view
 
