@@ -167,3 +167,22 @@ def test_the_command_writes_figures_and_an_ablation_for_a_trained_run(
     assert (ablation / "ablation.png").read_bytes()[:4] == b"\x89PNG"
     assert main([*argv, "--out", str(ablation)]) == 2  # neither --text nor --ablate
     assert "either --text" in capsys.readouterr().err
+
+
+def test_scanned_parameters_give_the_same_view_and_ablation(params, view):
+    import dataclasses
+
+    from attnmt.model.layout import stack_layers
+
+    scanned = dataclasses.replace(CONFIG, scan_layers=True)
+    stacked = stack_layers(params, CONFIG.num_layers)
+    pieces = [f"s{i}" for i in SRC], [f"t{i}" for i in TGT]
+    again = view_from_ids(scanned, stacked, SRC, TGT, *pieces)
+    for kind in view.weights:
+        np.testing.assert_allclose(again.weights[kind], view.weights[kind], atol=1e-6)
+    ablated = without_head(scanned, stacked, "cross", 1, 1)
+    expected = without_head(CONFIG, params, "cross", 1, 1)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(ablated), jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
