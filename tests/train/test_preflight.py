@@ -114,25 +114,41 @@ def test_cpu_limit_is_at_most_the_physical_memory():
         assert limit <= total_kib * 1024
 
 
-def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
-    """The pre-flight's compile of the longest bucket's step is the one training runs: a
-    step on that shape compiles nothing more (jax.jit alone would compile it again)."""
-    import jax
+def _longest_batch(trainer):
+    """A batch of the longest bucket's shape (the one the pre-flight compiles), on the mesh."""
     import numpy as np
 
     from attnmt.parallel.sharding import put_batch
 
-    trainer = build_trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
     shape = max(trainer.shapes, key=lambda s: (s[1], s[0] * s[1]))
     tokens = np.full(shape, 5, np.int32)
-    batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
-    compiles = []
+    return tokens, put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
+
+
+def _count_compiles() -> list[float]:
+    """A list that grows by one for every XLA backend compile from now on."""
+    import jax
+
+    compiles: list[float] = []
 
     def count(event, seconds, **_):
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(seconds)
 
     jax.monitoring.register_event_duration_secs_listener(count)
+    return compiles
+
+
+def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
+    """The pre-flight's compile of the longest bucket's step is the one training runs: a
+    step on that shape compiles nothing more (jax.jit alone would compile it again)."""
+    import jax
+
+    from attnmt.parallel.sharding import put_batch
+
+    trainer = build_trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
+    tokens, batch = _longest_batch(trainer)
+    compiles = _count_compiles()
     state, _ = trainer.program.train_step(trainer.state, batch)
     jax.block_until_ready(state)
     other = put_batch({"src_tokens": tokens[:, :-1], "tgt_tokens": tokens[:, :-1]}, trainer.mesh)
@@ -145,9 +161,6 @@ def test_the_preflight_checks_the_micro_batch_the_batch_plan_accumulates(corpus,
     stays 1): the pre-flight analyses and compiles the gradient step on the micro-batch,
     which training then runs without compiling it again."""
     import jax
-    import numpy as np
-
-    from attnmt.parallel.sharding import put_batch
 
     experiment = tiny_experiment(
         corpus, "--config.train.max_tokens_per_device=64", "--config.parallel.num_devices=1"
@@ -155,16 +168,8 @@ def test_the_preflight_checks_the_micro_batch_the_batch_plan_accumulates(corpus,
     trainer = build_trainer(experiment, tmp_path / "run")
     assert trainer.accumulation_steps == 4  # 256 tokens per update, 64 per micro-batch
     assert max(batch * length for batch, length in trainer.shapes) <= 64
-    shape = max(trainer.shapes, key=lambda s: (s[1], s[0] * s[1]))
-    tokens = np.full(shape, 5, np.int32)
-    batch = put_batch({"src_tokens": tokens, "tgt_tokens": tokens}, trainer.mesh)
-    compiles = []
-
-    def count(event, seconds, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(seconds)
-
-    jax.monitoring.register_event_duration_secs_listener(count)
+    _, batch = _longest_batch(trainer)
+    compiles = _count_compiles()
     grads, _ = trainer.program.grad_step(trainer.state.params, batch, trainer.state.dropout_rng)
     jax.block_until_ready(grads)
     assert compiles == []

@@ -56,15 +56,12 @@ def _f_measure(precision: float, recall: float) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
-@dataclass(frozen=True)
-class SentenceScore:
-    """One sentence's counts; ``length`` counts words without -NONE- (punctuation included)."""
+class _BracketRates:
+    """Recall, precision and F1 (percentages) from bracket counts."""
 
-    index: int
-    length: int
+    matched: int
     gold_brackets: int
     test_brackets: int
-    matched: int
 
     @property
     def recall(self) -> float:
@@ -78,13 +75,24 @@ class SentenceScore:
     def f1(self) -> float:
         return _f_measure(self.precision, self.recall)
 
+
+@dataclass(frozen=True)
+class SentenceScore(_BracketRates):
+    """One sentence's counts; ``length`` counts words without -NONE- (punctuation included)."""
+
+    index: int
+    length: int
+    gold_brackets: int
+    test_brackets: int
+    matched: int
+
     @property
     def exact_match(self) -> bool:
         return self.matched == self.gold_brackets == self.test_brackets
 
 
 @dataclass(frozen=True)
-class ParseScores:
+class ParseScores(_BracketRates):
     """Per-sentence counts and the corpus summary computed from their sums (percentages)."""
 
     sentences: tuple[SentenceScore, ...]
@@ -104,18 +112,6 @@ class ParseScores:
     @property
     def test_brackets(self) -> int:
         return sum(s.test_brackets for s in self.sentences)
-
-    @property
-    def recall(self) -> float:
-        return _percent(self.matched, self.gold_brackets)
-
-    @property
-    def precision(self) -> float:
-        return _percent(self.matched, self.test_brackets)
-
-    @property
-    def f1(self) -> float:
-        return _f_measure(self.precision, self.recall)
 
     @property
     def exact_match(self) -> float:
