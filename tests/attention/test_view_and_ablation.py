@@ -167,6 +167,9 @@ def test_the_command_writes_figures_and_an_ablation_for_a_trained_run(
     assert (ablation / "ablation.png").read_bytes()[:4] == b"\x89PNG"
     assert main([*argv, "--out", str(ablation)]) == 2  # neither --text nor --ablate
     assert "either --text" in capsys.readouterr().err
+    assert main([*argv, "--text", "a b", "--query", "99", "--out", str(figures)]) == 2
+    err = capsys.readouterr().err
+    assert "query" in err and "Traceback" not in err
 
 
 def test_scanned_parameters_give_the_same_view_and_ablation(params, view):

@@ -98,6 +98,8 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, ca
     argv = ["parse", "--workdir", str(workdir), "--input", str(source), "--output", str(target)]
     assert main([*argv, *decode]) == 0
     trees = target.read_text().split("\n")[:-1]
+    assert main(["parse", "--workdir", str(workdir), "--input", str(tmp_path / "none")]) == 2
+    assert "--input" in capsys.readouterr().err
     assert len(trees) == len(lines) and trees[1] == ""
     for line, bracketed in zip(lines, trees, strict=True):
         if line.strip():

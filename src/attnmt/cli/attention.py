@@ -69,17 +69,22 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
     translation = args.translation
     if translation is None:
         translation = translator.translate([args.text])[0]
-    view = attention_view(run.experiment.model, run.params, run.tokenizer, args.text, translation)
-    rows = head_statistics([view])
-    written = write_figures(
-        view,
-        out,
-        kinds=tuple(args.kind) if args.kind else KINDS,
-        layers=_zero_based(args.layer, view.num_layers, "layer"),
-        heads=_zero_based(args.head, view.num_heads, "head"),
-        query=args.query,
-        statistics_rows=rows,
-    )
+    try:
+        view = attention_view(
+            run.experiment.model, run.params, run.tokenizer, args.text, translation
+        )
+        rows = head_statistics([view])
+        written = write_figures(
+            view,
+            out,
+            kinds=tuple(args.kind) if args.kind else KINDS,
+            layers=_zero_based(args.layer, view.num_layers, "layer"),
+            heads=_zero_based(args.head, view.num_heads, "head"),
+            query=args.query,
+            statistics_rows=rows,
+        )
+    except ValueError as error:  # an empty or too long sentence, a query out of range
+        raise ConfigError(f"{error}") from None
     print(f"source:      {args.text}")
     print(f"translation: {translation}")
     print(format_table(rows))

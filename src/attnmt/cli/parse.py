@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
-from attnmt.errors import ConfigError
+from attnmt.errors import ConfigError, DataError
 
 
 def add_parse_command(commands: argparse._SubParsersAction) -> None:
@@ -44,7 +44,10 @@ def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     translator = Translator(
         [run.experiment.model], [run.params], run.tokenizer, _decode_config(run, args, overrides)
     )
-    source = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+    try:
+        source = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+    except OSError as error:
+        raise DataError(f"--input {args.input}: {error.strerror}") from None
     # As for translate: undecodable bytes become U+FFFD and only "\n" ends a line.
     lines = source.decode("utf-8", errors="replace").split("\n")
     if lines and lines[-1] == "":
