@@ -63,3 +63,10 @@ def test_bad_sampling_settings_name_the_key(workdir, capsys):  # noqa: F811
     root = workdir[0]
     assert main(["translate", "--workdir", str(root), "--temperature", "-1"]) == 2
     assert "decode.temperature" in capsys.readouterr().err
+
+
+def test_a_missing_input_file_is_named_without_a_traceback(workdir, tmp_path, capsys):  # noqa: F811
+    missing = tmp_path / "missing.txt"
+    code = main(["translate", "--workdir", str(workdir[0]), "--input", str(missing)])
+    err = capsys.readouterr().err
+    assert code == 2 and str(missing) in err and "Traceback" not in err

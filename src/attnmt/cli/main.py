@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from attnmt.errors import ConfigError, UserError
+from attnmt.errors import ConfigError, DataError, UserError
 from attnmt.overrides import OVERRIDE_PREFIX, split_overrides
 
 
@@ -147,6 +147,14 @@ def _cmd_translate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         runs[0].tokenizer,
         _decode_config(runs[0], args, overrides),
     )
+    try:
+        _translate_files(translator, args)
+    except OSError as error:  # a missing input, an unwritable output
+        raise DataError(f"{error.filename}: {error.strerror}") from None
+    return 0
+
+
+def _translate_files(translator, args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as files:
         # Undecodable bytes become U+FFFD instead of stopping the stream mid-file, and only
         # "\n" ends a line (as in training data): universal newlines would split a line at
@@ -164,7 +172,6 @@ def _cmd_translate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
             else io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", write_through=True)
         )
         translator.translate_stream(source, target)
-    return 0
 
 
 def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
