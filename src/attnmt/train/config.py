@@ -19,8 +19,10 @@ class TrainConfig:
     num_steps: int = 100_000  # optimizer updates (§5.2: base 100k, big 300k)
     time_limit_minutes: float = 0.0  # stop (with a checkpoint) after this long; 0 = none
     label_smoothing: float = 0.1  # §5.4 ε_ls
-    grad_accum_steps: int = 1  # micro-batches per update, to reach ≈25k tokens on few devices
-    max_tokens_per_device: int = 0  # >0: raise grad_accum_steps so no device sees more
+    grad_accum_steps: int = 1  # at least this many micro-batches per update (row-wise split)
+    # >0: split each update into more micro-batches until no device holds more padded
+    # tokens per side at once (the update, and so the data order, stays the same)
+    max_tokens_per_device: int = 0
     log_every_steps: int = 100
     eval_every_steps: int = 1000  # validation loss; 0 = never
     bleu_every_steps: int = 0  # beam-search BLEU on the eval split (decode.*); 0 = never
