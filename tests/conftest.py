@@ -36,6 +36,15 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("ATTNMT_DATA_DIR", REPO.parent / "shared" / "data"))
 
 
+@pytest.fixture(scope="session")
+def ptb_sample_dir() -> Path:
+    """NLTK's WSJ sample (wsj_0001-0179.mrg), for the parsing tests."""
+    path = shared_data_dir() / "ptb_sample"
+    if not (path / "wsj_0001.mrg").exists():
+        pytest.skip(f"the Penn Treebank sample is not at {path} (set ATTNMT_DATA_DIR)")
+    return path
+
+
 @pytest.fixture
 def multi30k_dir() -> Path:
     path = shared_data_dir() / "multi30k"

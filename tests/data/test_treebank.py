@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -26,8 +25,6 @@ from attnmt.data.treebank import (
 )
 from attnmt.errors import DataError
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-SAMPLE_DIR = Path(os.environ.get("ATTNMT_DATA_DIR", DEFAULT_DATA_DIR)) / "ptb_sample"
 # ../shared/data/README.md says 3,636 sentences, but wsj_0001-0179 hold 3,669 trees (counted
 # both with read_treebank and with a bare top-level-parenthesis count of the files).
 SAMPLE_TREES = 3669
@@ -242,11 +239,9 @@ def test_tree_rejects_ill_formed_nodes():
 
 
 @pytest.fixture(scope="module")
-def sample_split() -> tuple[list[Tree], list[Tree]]:
+def sample_split(ptb_sample_dir) -> tuple[list[Tree], list[Tree]]:
     """The sample read as a config would split it by file: wsj_0001-0159 and wsj_0160-0179."""
-    if not SAMPLE_DIR.is_dir():
-        pytest.skip(f"PTB sample not found at {SAMPLE_DIR} (set ATTNMT_DATA_DIR to the data dir)")
-    return read_treebank(SAMPLE_DIR, 1, 159), read_treebank(SAMPLE_DIR, 160, 179)
+    return read_treebank(ptb_sample_dir, 1, 159), read_treebank(ptb_sample_dir, 160, 179)
 
 
 @pytest.fixture(scope="module")
@@ -254,11 +249,13 @@ def sample(sample_split: tuple[list[Tree], list[Tree]]) -> list[Tree]:
     return [preprocess(tree) for part in sample_split for tree in part]
 
 
-def test_sample_size_and_file_split(sample_split: tuple[list[Tree], list[Tree]]):
+def test_sample_size_and_file_split(
+    sample_split: tuple[list[Tree], list[Tree]], ptb_sample_dir: Path
+):
     train, dev = sample_split
     assert len(train) + len(dev) == SAMPLE_TREES
     assert len(dev) > 0
-    assert len(treebank_files(SAMPLE_DIR, 1, 179)) == 179
+    assert len(treebank_files(ptb_sample_dir, 1, 179)) == 179
 
 
 def test_sample_preprocessing_leaves_no_annotation(sample: list[Tree]):

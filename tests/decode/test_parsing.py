@@ -13,16 +13,12 @@ from attnmt.data.treebank import parse_bracketed, to_bracketed, words
 from attnmt.errors import ConfigError, DataError
 from attnmt.evaluate.parse_f1 import score_trees
 from attnmt.experiment import Experiment
-from tests.conftest import shared_data_dir
 from tests.test_config import CONFIGS
 
 
 @pytest.fixture(scope="module")
-def ptb_dir():
-    folder = shared_data_dir() / "ptb_sample"
-    if not (folder / "wsj_0001.mrg").exists():
-        pytest.skip(f"the Penn Treebank sample is not at {folder} (set ATTNMT_DATA_DIR)")
-    return folder
+def ptb_dir(ptb_sample_dir):
+    return ptb_sample_dir
 
 
 def test_splits_are_file_ranges_and_bad_ones_are_named():

@@ -5,9 +5,7 @@ Brackets are written label[start, end) over word positions after punctuation is 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,6 @@ from attnmt.errors import DataError
 from attnmt.evaluate.parse_f1 import brackets, score_sentence, score_trees
 
 T = parse_bracketed
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 # Words: The cat sat on the mat . -> the period is deleted, 6 words remain.
 # Brackets: S[0,6) NP[0,2) VP[2,6) PP[3,6) NP[4,6) = 5.
@@ -182,12 +179,9 @@ def test_empty_corpus_scores_zero():
     assert (scores.num_sentences, scores.f1, scores.exact_match) == (0, 0.0, 0.0)
 
 
-def test_raw_sample_scores_100_against_its_preprocessed_self():
+def test_raw_sample_scores_100_against_its_preprocessed_self(ptb_sample_dir):
     """EVALB's own cleanup (traces, function tags, root wrapper) agrees with preprocess."""
-    sample_dir = Path(os.environ.get("ATTNMT_DATA_DIR", DEFAULT_DATA_DIR)) / "ptb_sample"
-    if not sample_dir.is_dir():
-        pytest.skip(f"PTB sample not found at {sample_dir} (set ATTNMT_DATA_DIR to the data dir)")
-    raw = read_treebank(sample_dir, 1, 179)
+    raw = read_treebank(ptb_sample_dir, 1, 179)
     scores = score_trees(raw, [preprocess(tree) for tree in raw])
     assert scores.f1 == scores.exact_match == 100.0
     assert scores.gold_brackets > 10 * len(raw)

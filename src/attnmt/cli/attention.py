@@ -93,7 +93,7 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
 
 
 def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
-    from attnmt.attention.ablation import ablate_heads, format_ablation
+    from attnmt.attention.ablation import ablate_heads, ablation_figure, format_ablation
     from attnmt.data.prepare import load_split
     from attnmt.decode.evaluation import score
 
@@ -126,8 +126,6 @@ def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
         f"{len(pairs)} sentences of {split!r}, beam {translator.decode_config.beam_size}\n\n"
         f"```\n{table}\n```\n"
     )
-    from attnmt.attention.ablation import ablation_figure
-
     figure = ablation_figure(baseline, rows, metric)
     figure.savefig(out / "ablation.png", dpi=110)
     print(table)

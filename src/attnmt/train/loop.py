@@ -85,8 +85,6 @@ class Trainer:
         self.mesh = program.mesh
         self.train_batches = inputs.train_batches
         self.plan = inputs.plan
-        self.shapes = inputs.plan.micro_shapes  # what the steps compile
-        self.accumulation_steps = inputs.plan.accumulation_steps
         self.state = state
         self.checkpoints = checkpoints
         self.metrics = metrics
@@ -99,6 +97,15 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._window = _Window()
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """The micro-batch shapes: what the steps compile."""
+        return self.plan.micro_shapes
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.plan.accumulation_steps
 
     def _one_update(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
         if len(batches) == 1:
