@@ -40,11 +40,11 @@ import jax
 import numpy as np
 
 from attnmt.compile_options import compiler_options
-from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator
 from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
 from attnmt.train import step as steps
+from attnmt.train.inputs import batch_plan
 from attnmt.train.program import build_program
 
 DEFAULT_SHAPES = {"tiny": (16, 32), "wmt14_ende": (64, 32), "wmt14_ende_big": (64, 32)}
@@ -72,16 +72,11 @@ def with_dtype(experiment: Any, dtype: str) -> Any:
 def multi30k_batches(
     experiment: Any, count: int, data_dir: str | None, data_workdir: str | None, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
-    """The first `count` training batches of the config's own bucketed iterator."""
+    """The first `count` training batches of the config's own iterator: its length buckets,
+    or its one packed shape with data.pack_length."""
     corpus, _ = common.multi30k_corpus(experiment, data_dir, data_workdir)
-    data = experiment.data
-    shapes = bucket_shapes(
-        data.max_length,
-        data.tokens_per_batch,
-        min_length=data.min_bucket_length,
-        batch_multiple=data.batch_multiple,
-    )
-    iterator = BatchIterator(corpus, shapes, seed=seed)
+    shapes = batch_plan(experiment, batch_shards=1, processes=1).update_shapes
+    iterator = BatchIterator(corpus, shapes, seed=seed, pack=experiment.data.packed)
     return list(itertools.islice(iterator, count))
 
 

@@ -9,6 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+from attnmt.data.config import DataConfig
+from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
 from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
 from attnmt.parallel.config import ParallelConfig
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) d
 
 
 STEPS = 3
+PACK_LENGTH = 16
 
 
 def _batches(count=STEPS, rows=16, length=8):
@@ -42,20 +45,35 @@ def _batches(count=STEPS, rows=16, length=8):
     return batches
 
 
-def _program(parallel: ParallelConfig, devices, algorithm: str = "sgd"):
+def _packed_batches(count=STEPS, rows=16, length=PACK_LENGTH):
+    """Batches of several examples per row (data.pack_length), with segment ids and positions."""
+    rng = np.random.default_rng(1)
+    sides = []
+    for _ in range(2):
+        lengths = rng.integers(2, 8, size=200)
+        tokens = [np.r_[rng.integers(4, 32, size=n - 1), EOS_ID] for n in lengths]
+        sides += [np.concatenate(tokens), np.r_[0, np.cumsum(lengths)]]
+    iterator = BatchIterator(TokenizedCorpus(*sides), [(rows, length)], seed=0, pack=True)
+    return [next(iterator) for _ in range(count)]
+
+
+def _program(parallel: ParallelConfig, devices, algorithm: str = "sgd", packed: bool = False):
     experiment = dataclasses.replace(
         Experiment.from_mapping({}),
         model=CONFIG,
         optim=OptimConfig(algorithm=algorithm, warmup_steps=4),
     )
+    if packed:
+        data = DataConfig(max_length=PACK_LENGTH, pack_length=PACK_LENGTH)
+        experiment = dataclasses.replace(experiment, data=data)
     return build_program(experiment, make_mesh(parallel, devices))
 
 
-def _run(parallel: ParallelConfig, devices):
-    program = _program(parallel, devices)
+def _run(parallel: ParallelConfig, devices, packed: bool = False):
+    program = _program(parallel, devices, packed=packed)
     state = program.init_state()
     losses, initial = [], jax.device_get(state.params)
-    for batch in _batches():
+    for batch in _packed_batches() if packed else _batches():
         state, metrics = program.train_step(state, put_batch(batch, program.mesh))
         losses.append(float(metrics["loss"]))
     return initial, state, losses
@@ -84,6 +102,22 @@ def test_same_losses_and_parameters_on_any_mesh(single_device, parallel):
     leaves = jax.tree_util.tree_leaves
     for a, b in zip(leaves(initial), leaves(same_start), strict=True):
         np.testing.assert_array_equal(a, b)
+    assert_same_losses(reference_losses, losses)
+    assert_same_updates(initial, reference_state.params, state.params, steps=STEPS)
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [ParallelConfig(data=8), ParallelConfig(data=2, fsdp=2, tensor=2)],
+    ids=["dp8", "2x2x2"],
+)
+def test_packed_batches_give_the_same_steps_on_any_mesh(parallel):
+    """Segment ids and positions are sharded with the tokens: rows split over devices
+    compute what one device computes."""
+    initial, reference_state, reference_losses = _run(
+        ParallelConfig(data=1), jax.devices()[:1], packed=True
+    )
+    _, state, losses = _run(parallel, jax.devices()[:8], packed=True)
     assert_same_losses(reference_losses, losses)
     assert_same_updates(initial, reference_state.params, state.params, steps=STEPS)
 

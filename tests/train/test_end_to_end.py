@@ -180,3 +180,38 @@ def test_bad_backend_optimization_level_names_the_key(section, capsys):
     argv = ["params", "--config", str(CONFIGS / "tiny.py")]
     assert main([*argv, f"--config.{section}.xla_backend_optimization_level=7"]) == 2
     assert f"{section}.xla_backend_optimization_level" in capsys.readouterr().err
+
+
+def test_packed_rows_train_and_evaluate_with_little_padding(reversal_corpus, tmp_path):
+    overrides = [*_overrides(reversal_corpus, 60), "--config.data.pack_length=16"]
+    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
+    ((rows, length),) = trainer.plan.update_shapes  # one compiled shape
+    assert length == 16 and rows * length <= 512  # configs/tiny.py: 512 tokens per batch
+    initial = trainer.evaluate()
+    result = trainer.run()
+    assert trainer.evaluate()["nll"] < 0.7 * initial["nll"], (initial, trainer.evaluate())
+    # Pairs of 3-6 tokens per side fill rows of 16 to within a few tokens.
+    assert result.last_train["padding_fraction"] < 0.25
+
+
+def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, capsys):
+    """The README's first command ends with the score: train.test_at_end decodes the test
+    split with the newest checkpoint and prints what `attnmt evaluate` prints."""
+    (reversal_corpus / "test.src").write_text((reversal_corpus / "dev.src").read_text())
+    (reversal_corpus / "test.tgt").write_text((reversal_corpus / "dev.tgt").read_text())
+    workdir = tmp_path / "run"
+    argv = ["train", "--config", str(CONFIGS / "tiny.py"), "--workdir", str(workdir)]
+    assert main([*argv, *_overrides(reversal_corpus, 30), "--config.decode.beam_size=2"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped at step 30" in out
+    (printed,) = (float(x) for x in re.findall(r"sacreBLEU\s+([0-9.]+)", out))
+    hypotheses = (workdir / "decodes" / "test-step30-beam2.tgt").read_text().splitlines()
+    references = (reversal_corpus / "test.tgt").read_text().splitlines()
+    assert printed == pytest.approx(
+        sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=0.006
+    )
+    assert "tokenized BLEU" in out
+
+    (reversal_corpus / "test.src").unlink()  # a corpus without a test split: said, not fatal
+    assert main([*argv, *_overrides(reversal_corpus, 30)]) == 0
+    assert "no test BLEU" in capsys.readouterr().out

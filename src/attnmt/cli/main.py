@@ -39,8 +39,30 @@ def _cmd_train(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     initialize()  # joins a multi-process job described by the environment, if any
 
     result = train(experiment, args.workdir)
-    print(f"stopped at step {result.step}: {result.stopped_because}")
+    print(f"stopped at step {result.step}: {result.stopped_because}", flush=True)
+    if result.exit_code == 0 and experiment.train.test_at_end:
+        _score_test_split(args.workdir)
     return result.exit_code  # 143 after SIGTERM: a scheduler should restart (and resume) it
+
+
+def _score_test_split(workdir: str) -> None:
+    """What the run achieved: its newest checkpoint's BLEU on the test split, as
+    `attnmt evaluate --split test` prints it (train.test_at_end)."""
+    import jax
+
+    from attnmt.workdir import load_run
+
+    if jax.process_count() > 1:
+        print("test BLEU: run `attnmt evaluate --workdir ... --split test` (one process)")
+        return
+    run = load_run(workdir)
+    data = run.experiment.data
+    if not data.test_split or data.source == "treebank":
+        return
+    try:
+        _score_and_log([run], data.test_split, run.experiment.decode, workdir, "")
+    except DataError as error:  # e.g. a corpus of files with no test split
+        print(f"no test BLEU: {error}")
 
 
 def _cmd_params(args: argparse.Namespace, overrides: Sequence[str]) -> int:
@@ -175,11 +197,6 @@ def _translate_files(translator, args: argparse.Namespace) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from pathlib import Path
-
-    from attnmt.decode.evaluation import evaluate_split
-    from attnmt.train.metrics import MetricsSink
-
     runs = _load_runs(args)
     split = args.split or runs[0].experiment.data.test_split
     if split == "test":
@@ -192,14 +209,22 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     # not overwrite the plain checkpoint's results of the same step.
     tag = f"-avg{args.average_last}" if args.average_last else ""
     tag += "-ensemble" if args.ensemble else ""
-    scores = evaluate_split(
-        runs, split, _decode_config(runs[0], args, overrides), Path(args.workdir) / "decodes", tag
-    )
-    print(scores.format())
-    sink = MetricsSink(args.workdir)
+    _score_and_log(runs, split, _decode_config(runs[0], args, overrides), args.workdir, tag)
+    return 0
+
+
+def _score_and_log(runs: list, split: str, decode, workdir: str, tag: str) -> None:
+    """Decodes and scores `split`, prints the scores, logs them to TensorBoard."""
+    from pathlib import Path
+
+    from attnmt.decode.evaluation import evaluate_split
+    from attnmt.train.metrics import MetricsSink
+
+    scores = evaluate_split(runs, split, decode, Path(workdir) / "decodes", tag)
+    print(scores.format(), flush=True)
+    sink = MetricsSink(workdir)
     sink.write(f"bleu_{split}{tag.replace('-', '_')}", runs[0].step, scores.scalars())
     sink.close()
-    return 0
 
 
 def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:

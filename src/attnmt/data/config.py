@@ -32,6 +32,13 @@ class DataConfig:
     min_bucket_length: int = 8
     batch_multiple: int = 8  # batch sizes are multiples of this (device counts divide it)
     eval_tokens_per_batch: int = 0  # 0 = same as tokens_per_batch
+    # >0: pack several examples into each row of this many tokens per side (one compiled
+    # shape, little padding; attention stays within each example) instead of length buckets
+    pack_length: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.pack_length > 0
 
     def require_source_keys(self) -> None:
         """Checked when data is actually read, so `attnmt params` works without paths."""
@@ -59,5 +66,10 @@ class DataConfig:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
         if self.eval_tokens_per_batch < 0:
             raise ConfigError("data.eval_tokens_per_batch must be ≥ 0")
+        if self.packed and self.pack_length < self.max_length:
+            raise ConfigError(
+                f"data.pack_length={self.pack_length} must be 0 (no packing) or at least "
+                f"data.max_length={self.max_length}, so that every example fits in a row"
+            )
         if self.min_bucket_length > self.max_length:
             raise ConfigError("data.min_bucket_length must not exceed data.max_length")

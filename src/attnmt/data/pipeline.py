@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnmt.data.batching import PlannedBatch, assign_buckets, plan_epoch
+from attnmt.data.packing import PackedBatch, fill_rows, pack_epoch
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
 from attnmt.special_tokens import EOS_ID, PAD_ID
@@ -156,6 +157,21 @@ class TokenizedCorpus:
         """Padded (src, tgt) [len(ids), length] arrays; id -1 gives an all-PAD row."""
         return self._src.gather(ids, length), self._tgt.gather(ids, length)
 
+    def gather_packed(
+        self, batch: PackedBatch, first_row: int, rows: int, length: int
+    ) -> dict[str, np.ndarray]:
+        """Rows ``first_row … first_row + rows - 1`` of a packed batch: tokens, segment ids
+        and positions of both sides (attnmt.batch_keys)."""
+        out = {}
+        for side, name in ((self._src, "src"), (self._tgt, "tgt")):
+            tokens, segments, positions = fill_rows(
+                side.tokens, side.offsets, batch, first_row, rows, length
+            )
+            out[f"{name}_tokens"] = tokens
+            out[f"{name}_segments"] = segments
+            out[f"{name}_positions"] = positions
+        return out
+
     def save(self, path: str | Path) -> None:
         """Writes the corpus to one ``.npz`` file, atomically."""
         path = Path(path)
@@ -233,7 +249,9 @@ class BatchIterator:
 
     Each global batch has a shape from ``shapes``; this process gets rows
     ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size // shard_count``,
-    so all processes step through the same sequence of global batches.
+    so all processes step through the same sequence of global batches. With ``pack``,
+    ``shapes`` is one (rows, length) shape and each row holds as many examples as fit
+    (attnmt.data.packing).
     """
 
     def __init__(
@@ -245,7 +263,10 @@ class BatchIterator:
         repeat: bool = True,
         shard_index: int = 0,
         shard_count: int = 1,
+        pack: bool = False,
     ) -> None:
+        if pack and len(shapes) != 1:
+            raise ValueError(f"packing fills one (rows, length) shape, got {shapes}")
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise ValueError(f"bad shard {shard_index} of {shard_count}")
         bad = [b for b, _ in shapes if b % shard_count]
@@ -262,6 +283,7 @@ class BatchIterator:
         self.repeat = repeat
         self.shard_index = shard_index
         self.shard_count = shard_count
+        self.pack = pack
         buckets = assign_buckets(corpus.src_lengths, corpus.tgt_lengths, self.shapes)
         self.examples_per_epoch = int((buckets < len(self.shapes)).sum())
         if repeat and self.examples_per_epoch == 0:
@@ -272,19 +294,36 @@ class BatchIterator:
         self._seed = seed
         self._epoch = 0
         self._index = 0
-        self._plan: list[PlannedBatch] | None = None
+        self._plan: list[PlannedBatch] | list[PackedBatch] | None = None
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0-based)."""
         return self._epoch
 
-    def _current_plan(self) -> list[PlannedBatch]:
+    def _current_plan(self) -> list[PlannedBatch] | list[PackedBatch]:
         if self._plan is None:
             c = self.corpus
-            self._plan = plan_epoch(
-                c.src_lengths, c.tgt_lengths, self.shapes, self._seed, self._epoch, self.shuffle
-            )
+            if self.pack:
+                rows, length = self.shapes[0]
+                self._plan = pack_epoch(
+                    c.src_lengths,
+                    c.tgt_lengths,
+                    rows,
+                    length,
+                    self._seed,
+                    self._epoch,
+                    self.shuffle,
+                )
+            else:
+                self._plan = plan_epoch(
+                    c.src_lengths,
+                    c.tgt_lengths,
+                    self.shapes,
+                    self._seed,
+                    self._epoch,
+                    self.shuffle,
+                )
         return self._plan
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -301,6 +340,10 @@ class BatchIterator:
             plan = self._current_plan()
         entry = plan[self._index]
         self._index += 1
+        if isinstance(entry, PackedBatch):
+            batch_size, length = self.shapes[0]
+            rows = batch_size // self.shard_count
+            return self.corpus.gather_packed(entry, self.shard_index * rows, rows, length)
         batch_size, length = self.shapes[entry.shape_index]
         rows = batch_size // self.shard_count
         # Filler rows (-1) pad the last batch of a bucket up to its fixed batch size.

@@ -18,6 +18,24 @@ def nonpad_lengths(tokens: np.ndarray) -> np.ndarray:
     return (np.asarray(tokens) != PAD_ID).sum(axis=1)
 
 
+def example_lengths(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(source, target) real tokens of each example: one per row, or one per segment of a
+    packed row (whose attention spans only its own example)."""
+    if "src_segments" not in batch:
+        return nonpad_lengths(batch["src_tokens"]), nonpad_lengths(batch["tgt_tokens"])
+    src, tgt = np.asarray(batch["src_segments"]), np.asarray(batch["tgt_segments"])
+    width = int(max(src.max(initial=0), tgt.max(initial=0))) + 1
+    size = len(src) * width
+
+    def counts(segments: np.ndarray) -> np.ndarray:
+        keys = np.arange(len(segments))[:, None] * width + segments
+        return np.bincount(keys[segments > 0], minlength=size)
+
+    src_counts, tgt_counts = counts(src), counts(tgt)
+    present = (src_counts > 0) | (tgt_counts > 0)
+    return src_counts[present], tgt_counts[present]
+
+
 def forward_flops_parts(
     model: Any, src_lengths: np.ndarray, tgt_lengths: np.ndarray
 ) -> dict[str, float]:
@@ -86,9 +104,7 @@ def padded_forward_flops(model: Any, rows: int, src_len: int, tgt_len: int) -> f
 
 def batch_train_flops(model: Any, batch: dict[str, np.ndarray]) -> tuple[float, float]:
     """(useful FLOPs on real tokens, FLOPs of every padded position with full attention)."""
-    useful = train_flops(
-        model, nonpad_lengths(batch["src_tokens"]), nonpad_lengths(batch["tgt_tokens"])
-    )
+    useful = train_flops(model, *example_lengths(batch))
     rows, src_len = batch["src_tokens"].shape
     full = 3.0 * padded_forward_flops(model, rows, src_len, batch["tgt_tokens"].shape[1])
     return useful, full

@@ -78,9 +78,13 @@ class PositionalEncoding(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
-        """x: [batch, length, embed]; `offset` is the first position (incremental decoding)."""
-        length, d_model = x.shape[1], x.shape[2]
+    def __call__(
+        self, x: jax.Array, offset: jax.Array | int = 0, positions: jax.Array | None = None
+    ) -> jax.Array:
+        """x: [batch, length, embed]; `offset` is the first position (incremental decoding);
+        `positions` [batch, length], if given, is each token's own position (packed rows,
+        where every example starts again from 0)."""
+        batch, length, d_model = x.shape
         if self.config.positional == "learned":
             table = self.param(
                 "position_embedding",
@@ -88,7 +92,12 @@ class PositionalEncoding(nn.Module):
                 (self.config.max_length, d_model),
                 jnp.float32,
             )
+            if positions is not None:
+                return x + jnp.take(table, positions, axis=0).astype(x.dtype)
             encoding = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
+        elif positions is not None:
+            encoding = sinusoids(positions.reshape(-1), d_model).reshape(batch, length, d_model)
+            return x + encoding.astype(x.dtype)
         else:
             encoding = sinusoids(offset + jnp.arange(length), d_model)
         return x + encoding[None].astype(x.dtype)

@@ -24,10 +24,21 @@ def causal_mask(length: int) -> jax.Array:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def shift_right(tgt_tokens: jax.Array) -> jax.Array:
-    """Decoder input: BOS followed by the target without its last position."""
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+    """[batch, 1, q_len, kv_len] True where query and key belong to the same example of a
+    packed row (segment ids ≥ 1; 0 marks padding, which no query may see)."""
+    same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
+    return jnp.logical_and(same, (key_segments > 0)[:, None, None, :])
+
+
+def shift_right(tgt_tokens: jax.Array, tgt_positions: jax.Array | None = None) -> jax.Array:
+    """Decoder input: BOS followed by the target without its last position. In a packed
+    row every example starts with its own BOS (where its position is 0)."""
     bos = jnp.full((tgt_tokens.shape[0], 1), BOS_ID, dtype=tgt_tokens.dtype)
-    return jnp.concatenate([bos, tgt_tokens[:, :-1]], axis=1)
+    shifted = jnp.concatenate([bos, tgt_tokens[:, :-1]], axis=1)
+    if tgt_positions is None:
+        return shifted
+    return jnp.where(tgt_positions == 0, BOS_ID, shifted).astype(tgt_tokens.dtype)
 
 
 class DecodePosition(nn.Module):
@@ -47,7 +58,9 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer with a shared source/target/output embedding.
 
     `__call__(src_tokens, tgt_tokens)` returns float32 logits [batch, tgt_len, vocab] for
-    teacher forcing: position t predicts tgt_tokens[:, t] from tgt_tokens[:, :t].
+    teacher forcing: position t predicts tgt_tokens[:, t] from tgt_tokens[:, :t]. Packed
+    rows (attnmt.batch_keys) also pass segment ids and positions: each example then sees
+    only itself, exactly as if it had a row of its own.
     Incremental decoding: `encode` once, build the cache with `decode(..., decode=True,
     max_decode_len=L)` under `mutable=["cache"]`, then call `decode` one token at a time.
     """
@@ -77,17 +90,32 @@ class Transformer(nn.Module):
         self.decode_position = DecodePosition()
 
     def _embed(
-        self, tokens: jax.Array, positions: PositionalEncoding, offset: jax.Array | int, train: bool
+        self,
+        tokens: jax.Array,
+        encoding: PositionalEncoding,
+        offset: jax.Array | int,
+        train: bool,
+        positions: jax.Array | None = None,
     ) -> jax.Array:
-        x = positions(self.embed(tokens), offset)
+        x = encoding(self.embed(tokens), offset, positions)
         # §5.4: dropout on the sums of the embeddings and the positional encodings.
         x = self.embedding_dropout(x, deterministic=not train)
         return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
 
-    def encode(self, src_tokens: jax.Array, *, train: bool = False) -> jax.Array:
+    def encode(
+        self,
+        src_tokens: jax.Array,
+        *,
+        train: bool = False,
+        src_segments: jax.Array | None = None,
+        src_positions: jax.Array | None = None,
+    ) -> jax.Array:
         """[batch, src_len] → encoded [batch, src_len, embed]."""
-        x = self._embed(src_tokens, self.encoder_positions, 0, train)
-        mask = padding_mask(src_tokens, src_tokens)
+        x = self._embed(src_tokens, self.encoder_positions, 0, train, src_positions)
+        if src_segments is None:
+            mask = padding_mask(src_tokens, src_tokens)
+        else:
+            mask = segment_mask(src_segments, src_segments)
         if self.config.scan_layers:
             x = self.encoder_stack(x, mask, train=train)
         else:
@@ -106,13 +134,20 @@ class Transformer(nn.Module):
         train: bool = False,
         decode: bool = False,
         max_decode_len: int = 0,
+        src_segments: jax.Array | None = None,
+        tgt_segments: jax.Array | None = None,
+        tgt_positions: jax.Array | None = None,
     ) -> jax.Array:
         """Decoder stack + shared output projection → float32 logits [batch, len, vocab].
 
         Teacher forcing: `decoder_input` is `shift_right(tgt_tokens)`. Incremental
         (`decode=True`): `decoder_input` is the last emitted token [batch, 1].
         """
-        cross_mask = padding_mask(None, src_tokens)
+        packed = src_segments is not None and tgt_segments is not None
+        if packed:
+            cross_mask = segment_mask(tgt_segments, src_segments)
+        else:
+            cross_mask = padding_mask(None, src_tokens)
         if decode and self.config.scan_layers:
             raise ValueError(
                 "incremental decoding needs the per-layer parameter layout: convert with "
@@ -124,8 +159,13 @@ class Transformer(nn.Module):
         else:
             offset = 0
             length = decoder_input.shape[1]
-            self_mask = jnp.logical_and(causal_mask(length), padding_mask(None, decoder_input))
-        x = self._embed(decoder_input, self.decoder_positions, offset, train)
+            keys = (
+                segment_mask(tgt_segments, tgt_segments)
+                if packed
+                else padding_mask(None, decoder_input)
+            )
+            self_mask = jnp.logical_and(causal_mask(length), keys)
+        x = self._embed(decoder_input, self.decoder_positions, offset, train, tgt_positions)
         if self.config.scan_layers:
             x = self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
         else:
@@ -145,7 +185,27 @@ class Transformer(nn.Module):
         return constrain(logits, (axes.BATCH, axes.LENGTH, axes.VOCAB))
 
     def __call__(
-        self, src_tokens: jax.Array, tgt_tokens: jax.Array, *, train: bool = False
+        self,
+        src_tokens: jax.Array,
+        tgt_tokens: jax.Array,
+        *,
+        train: bool = False,
+        src_segments: jax.Array | None = None,
+        tgt_segments: jax.Array | None = None,
+        src_positions: jax.Array | None = None,
+        tgt_positions: jax.Array | None = None,
     ) -> jax.Array:
-        encoded = self.encode(src_tokens, train=train)
-        return self.decode(encoded, src_tokens, shift_right(tgt_tokens), train=train)
+        if (src_segments is None) != (tgt_segments is None):
+            raise ValueError("a packed batch needs segment ids on both sides")
+        encoded = self.encode(
+            src_tokens, train=train, src_segments=src_segments, src_positions=src_positions
+        )
+        return self.decode(
+            encoded,
+            src_tokens,
+            shift_right(tgt_tokens, tgt_positions),
+            train=train,
+            src_segments=src_segments,
+            tgt_segments=tgt_segments,
+            tgt_positions=tgt_positions,
+        )

@@ -17,6 +17,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from attnmt import axes
+from attnmt.batch_keys import TOKEN_KEYS
 from attnmt.parallel.mesh import BATCH_AXES, FSDP, TENSOR
 
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
@@ -142,9 +143,9 @@ def jit_with_rules(
     )
 
 
-def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
-    """The shardings of a training batch dict."""
-    return {name: batch_sharding(mesh) for name in ("src_tokens", "tgt_tokens")}
+def batch_shardings(mesh: Mesh, keys: tuple[str, ...] = TOKEN_KEYS) -> dict[str, NamedSharding]:
+    """The shardings of a training batch dict (rows over the data axes)."""
+    return {name: batch_sharding(mesh) for name in keys}
 
 
 def abstract_with_shardings(boxed_abstract: Any, mesh: Mesh) -> Any:

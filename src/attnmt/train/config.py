@@ -30,6 +30,9 @@ class TrainConfig:
     checkpoint_every_steps: int = 0  # 0 = only by time
     checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
     keep_checkpoints: int = 20  # enough to average the last 20 (big)
+    # `attnmt train` ends a finished run (not a preempted one) by scoring its newest
+    # checkpoint on data.test_split, as `attnmt evaluate --split test` would
+    test_at_end: bool = True
     max_consecutive_skips: int = 20  # non-finite updates in a row before the run stops
     memory_preflight: bool = True  # refuse, before training, a step that cannot fit in memory
     # Dropout's random bits: "threefry" (identical on every mesh) or "rbg" (XLA's

@@ -80,7 +80,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
         plan.micro_shapes,
     )
     shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-    batches = BatchIterator(corpus, plan.update_shapes, seed=train.seed, **shard)
+    batches = BatchIterator(corpus, plan.update_shapes, seed=train.seed, pack=data.packed, **shard)
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
@@ -110,14 +110,24 @@ def batch_plan(experiment: Experiment, batch_shards: int, processes: int) -> Bat
 
 
 def _shapes(experiment: Experiment, tokens: int, batch_shards: int) -> list[tuple[int, int]]:
+    """Length buckets, or the one packed shape, of `tokens` per side."""
     data = experiment.data
+    # Every device (and every process) gets the same number of rows.
+    multiple = math.lcm(data.batch_multiple, batch_shards)
+    if data.packed:
+        rows = tokens // data.pack_length // multiple * multiple
+        if rows == 0:
+            raise ConfigError(
+                f"data.tokens_per_batch={tokens} holds no batch of {multiple} rows of "
+                f"data.pack_length={data.pack_length} tokens"
+            )
+        return [(rows, data.pack_length)]
     try:
         return bucket_shapes(
             data.max_length,
             tokens,
             min_length=data.min_bucket_length,
-            # Every device (and every process) gets the same number of whole sentences.
-            batch_multiple=math.lcm(data.batch_multiple, batch_shards),
+            batch_multiple=multiple,
         )
     except ValueError as error:
         raise ConfigError(f"data.tokens_per_batch / data.max_length: {error}") from None

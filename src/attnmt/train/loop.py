@@ -13,7 +13,7 @@ import numpy as np
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.data.pipeline import padding_fraction, split_batch
 from attnmt.model.config import ModelConfig
-from attnmt.model.flops import nonpad_lengths, train_flops
+from attnmt.model.flops import example_lengths, train_flops
 from attnmt.parallel.agreement import sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
@@ -55,9 +55,7 @@ class _Window:
         self, batch: dict[str, np.ndarray], metrics: dict[str, jax.Array], model: ModelConfig
     ) -> None:
         self.tokens += float(np.count_nonzero(batch["tgt_tokens"]))
-        self.flops += train_flops(
-            model, nonpad_lengths(batch["src_tokens"]), nonpad_lengths(batch["tgt_tokens"])
-        )
+        self.flops += train_flops(model, *example_lengths(batch))
         self.padding += padding_fraction(batch)
         self.batches += 1
         self.metrics.append(metrics)

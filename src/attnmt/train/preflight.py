@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attnmt.batch_keys import TOKEN_KEYS, batch_keys
 from attnmt.errors import ConfigError
 from attnmt.experiment import Experiment
 from attnmt.parallel.sharding import RuledJit
@@ -91,6 +92,7 @@ def estimate_train_memory(
     abstract_state: Any,
     shape: tuple[int, int],
     grad_accum_steps: int,
+    keys: tuple[str, ...] = TOKEN_KEYS,
 ) -> MemoryEstimate:
     """Compiles the step training will run on `shape` (RuledJits, abstract inputs); the
     steps keep that executable, so training does not compile it again.
@@ -99,7 +101,7 @@ def estimate_train_memory(
     micro-batch `grad_step(params, batch, rng)` runs while the state and the running
     gradient sums (one more copy of the parameters) are held.
     """
-    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in ("src_tokens", "tgt_tokens")}
+    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in keys}
     state_bytes = tree_bytes(abstract_state)
     if grad_accum_steps == 1:
         total = _peak_bytes(train_step.compile(abstract_state, batch))
@@ -210,6 +212,7 @@ def memory_preflight(
             program.abstract_state,
             shape,
             accumulation_steps,
+            batch_keys(experiment.data.packed),
         )
     except NoMemoryAnalysisError as error:
         log.info("memory pre-flight skipped: %s", error)

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from attnmt.batch_keys import batch_keys
 from attnmt.compile_options import compiler_options
 from attnmt.experiment import Experiment
 from attnmt.model.transformer import Transformer
@@ -101,7 +102,8 @@ def build_program(experiment: Experiment, mesh: Mesh) -> TrainProgram:
     options = compiler_options(train.xla_backend_optimization_level)
     abstract = _abstract(model, optimizer, train.seed, mesh)
     state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
-    params_sh, batch_sh, scalar = state_sh.params, batch_shardings(mesh), replicated(mesh)
+    batch_sh = batch_shardings(mesh, batch_keys(experiment.data.packed))
+    params_sh, scalar = state_sh.params, replicated(mesh)
     ruled = functools.partial(jit_with_rules, mesh=mesh, compiler_options=options)
 
     train_step = ruled(

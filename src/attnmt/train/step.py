@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from attnmt.batch_keys import packing_arguments
 from attnmt.model.transformer import Transformer
 from attnmt.train.loss import loss_sums
 
@@ -90,6 +91,7 @@ def compute_gradients(
             batch["tgt_tokens"],
             train=True,
             rngs={"dropout": rng},
+            **packing_arguments(batch),
         )
         sums = loss_sums(logits, batch["tgt_tokens"], label_smoothing)
         return sums["loss"], sums
@@ -161,5 +163,7 @@ def train_step(
 
 def eval_step(model: Transformer, label_smoothing: float, params: Any, batch: Batch) -> Metrics:
     """Summed loss statistics of one batch without dropout; sum over batches, then summarize."""
-    logits = model.apply({"params": params}, batch["src_tokens"], batch["tgt_tokens"])
+    logits = model.apply(
+        {"params": params}, batch["src_tokens"], batch["tgt_tokens"], **packing_arguments(batch)
+    )
     return loss_sums(logits, batch["tgt_tokens"], label_smoothing)

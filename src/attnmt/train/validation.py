@@ -36,6 +36,7 @@ class Validation:
             repeat=False,
             shard_index=jax.process_index(),
             shard_count=jax.process_count(),
+            pack=self.program.experiment.data.packed,
         )
         totals: dict[str, Any] = {}
         for batch in batches:
