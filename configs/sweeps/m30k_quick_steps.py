@@ -13,6 +13,9 @@ are compared at equal target tokens, and their step time is measured separately
 
 STEPS = 500
 BASE = {
+    # Length buckets, as the quick run had when this sweep was measured; "packed" below is
+    # what it has now.
+    "data.pack_length": 0,
     "train.num_steps": STEPS,
     "train.time_limit_minutes": 0.0,
     "train.eval_every_steps": 250,
@@ -28,6 +31,7 @@ def run(name: str, **overrides) -> dict:
 RUNS = [
     run("base"),
     run("lr2", **{"optim.learning_rate_scale": 2.0}),
+    run("lr05", **{"optim.learning_rate_scale": 0.5}),
     run("nodrop", **{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0}),
     run(
         "tok1024",
@@ -41,4 +45,5 @@ RUNS = [
     ),
     run("warm100", **{"optim.warmup_steps": 100}),
     run("ls0", **{"train.label_smoothing": 0.0}),
+    run("packed", **{"data.pack_length": 64}),
 ]

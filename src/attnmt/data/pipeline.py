@@ -304,26 +304,12 @@ class BatchIterator:
     def _current_plan(self) -> list[PlannedBatch] | list[PackedBatch]:
         if self._plan is None:
             c = self.corpus
+            lengths = (c.src_lengths, c.tgt_lengths)
+            epoch = (self._seed, self._epoch, self.shuffle)
             if self.pack:
-                rows, length = self.shapes[0]
-                self._plan = pack_epoch(
-                    c.src_lengths,
-                    c.tgt_lengths,
-                    rows,
-                    length,
-                    self._seed,
-                    self._epoch,
-                    self.shuffle,
-                )
+                self._plan = pack_epoch(*lengths, *self.shapes[0], *epoch)
             else:
-                self._plan = plan_epoch(
-                    c.src_lengths,
-                    c.tgt_lengths,
-                    self.shapes,
-                    self._seed,
-                    self._epoch,
-                    self.shuffle,
-                )
+                self._plan = plan_epoch(*lengths, self.shapes, *epoch)
         return self._plan
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
