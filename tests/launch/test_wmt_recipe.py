@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.launch.helpers import REPO, launch, shell_commands, train_part
+from tests.launch.helpers import REPO, TINY_MODEL, launch, shell_commands, train_part
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -33,12 +33,7 @@ BEGIN, END = "<!-- wmt14-recipe: begin", "<!-- wmt14-recipe: end -->"
 # A model small enough to compile and train in seconds, a checkpoint after every update, and
 # as many updates as the recipe averages (5 for base, 20 for big).
 TINY = [
-    "--config.model.d_model=32",
-    "--config.model.d_ff=64",
-    "--config.model.num_heads=2",
-    "--config.model.d_k=16",
-    "--config.model.d_v=16",
-    "--config.model.num_layers=1",
+    *TINY_MODEL,
     "--config.model.vocab_size=40",
     "--config.data.tokens_per_batch=512",
     "--config.data.max_length=16",
