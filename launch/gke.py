@@ -185,10 +185,11 @@ def manifest(run: Run, options: argparse.Namespace) -> dict[str, Any]:
     check_workdir(run, options)
     name = jobset_name(options, run)
     count = hosts(options)
-    template: dict[str, Any] = {"spec": _pod_spec(run, options, name, count)}
+    template: dict[str, Any] = {}
     if options.bucket:
         # Asks GKE to inject the gcsfuse sidecar that serves the CSI volume.
         template["metadata"] = {"annotations": {"gke-gcsfuse/volumes": "true"}}
+    template["spec"] = _pod_spec(run, options, name, count)
     job = {
         "parallelism": count,
         "completions": count,
