@@ -8,7 +8,9 @@ the cloud-only programs (docker, python3, gcsfuse, sudo) that record what they w
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -201,7 +203,7 @@ def test_image_build_gives_docker_a_context_with_what_the_dockerfile_copies(tmp_
             f"open({str(log)!r}, 'a').write(json.dumps([sys.argv[1:], names]) + '\\n')"
         ),
     )
-    env = {"PATH": f"{stubs}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    env = {"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
     result = launch("image", "--accelerator", "tpu", "--registry", "reg", env=env)
     assert result.returncode == 0, result.stderr
     (build, names), (push, _) = _calls(log)
@@ -224,7 +226,7 @@ def test_tpu_vm_install_unpacks_head_and_pip_installs_it_on_every_worker(tmp_pat
     (archive, _), (scp, _), (ssh, _) = shell_commands(result.stdout)
     assert "--worker=all" in scp and "--worker=all" in ssh
     # Run what a worker would: make the archive, "copy" it to a home, run the remote command.
-    subprocess.run(archive, check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    subprocess.run(archive, check=True, capture_output=True)
     home = tmp_path / "home"
     home.mkdir()
     local, remote_name = scp[5], scp[6].split(":", 1)[1]
@@ -232,7 +234,7 @@ def test_tpu_vm_install_unpacks_head_and_pip_installs_it_on_every_worker(tmp_pat
     stubs, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     _recorder(stubs, "python3", log)
     (remote,) = [w.removeprefix("--command=") for w in ssh if w.startswith("--command=")]
-    shell_env = {"HOME": str(home), "PATH": f"{stubs}:/usr/bin:/bin"}
+    shell_env = {"HOME": str(home), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
     subprocess.run(["bash", "-c", remote], check=True, env=shell_env)
     tree = home / "attnmt"
     for needed in ("pyproject.toml", "configs/wmt14_ende.py", "src/attnmt/cli/main.py"):
@@ -255,7 +257,9 @@ def _run_mount(tmp_path: Path, remote: str, mounted: bool, installed: bool) -> l
     if installed:
         _recorder(stubs, "gcsfuse", log)
     _stub(stubs, "mountpoint", f"sys.exit(0 if {mounted} else 1)")
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    # Only the stand-ins and the shell's basics, so that a real gcsfuse cannot be found.
+    basics = {str(Path(shutil.which(tool)).parent) for tool in ("bash", "id")}
+    env = {"PATH": os.pathsep.join([str(stubs), *sorted(basics)]), "HOME": str(tmp_path)}
     subprocess.run(["bash", "-c", remote], check=True, env=env, capture_output=True)
     return _calls(log)
 
