@@ -33,6 +33,10 @@ HEREDOC_END = "ATTNMT_EOF"
 STOP_GRACE_SECONDS = 30.0
 
 
+# Object stores a workdir may name directly (attnmt reads and writes them via etils.epath).
+REMOTE_SCHEMES = ("gs", "s3")
+
+
 class LaunchError(Exception):
     """A mistake in the launcher's arguments or a missing tool; printed without traceback."""
 
@@ -63,12 +67,12 @@ class Run:
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # `attnmt train` refuses URLs too; refusing here fails before any machine is paid for.
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", self.workdir):
+        # Refused here, before any machine is paid for: attnmt would refuse it on the pod.
+        scheme = url_scheme(self.workdir)
+        if scheme is not None and scheme not in REMOTE_SCHEMES:
             raise LaunchError(
-                f"workdir {self.workdir!r} is a URL; workdirs must be filesystem paths for "
-                "now: mount the bucket (gcsfuse) or a shared NFS/Filestore volume on every "
-                "host and pass the mounted path"
+                f"workdir {self.workdir!r}: {scheme}:// is not a storage attnmt writes to; use "
+                "a gs:// bucket path, or a filesystem path that every host mounts"
             )
 
     def train_argv(self, program: Sequence[str]) -> list[str]:
@@ -76,6 +80,24 @@ class Run:
         argv = [*program, "train", "--config", self.config, "--workdir", self.workdir]
         argv += [f"{OVERRIDE_PREFIX}{k}={format_value(v)}" for k, v in self.overrides.items()]
         return argv
+
+
+def url_scheme(path: str) -> str | None:
+    """`gs` for `gs://b/x`; None for a filesystem path."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
+    return match.group(1).lower() if match else None
+
+
+def warn_if_uncommitted(what: str) -> None:
+    """Installs and images ship `git archive HEAD`: say so when the work tree differs."""
+    status = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if status.returncode == 0 and status.stdout.strip():
+        print(f"launch: warning: uncommitted changes are not in {what} (HEAD is)", file=sys.stderr)
 
 
 def slug(text: str, max_length: int = 40) -> str:

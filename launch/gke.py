@@ -1,10 +1,21 @@
 """A JobSet on GKE: one pod per host of a TPU slice or per GPU node, `kubectl apply -f -`.
 
-    python launch/gke.py --image REGISTRY/attnmt:TAG \
+    python launch/image.py --accelerator tpu --registry $REGISTRY      # once per commit
+    python launch/gke.py --registry $REGISTRY --service-account attnmt \
         --tpu-type tpu-v5-lite-podslice --tpu-topology 4x4 --chips-per-host 4 \
-        --config configs/wmt14_ende.py:variant=big --workdir /mnt/runs/ende_big
+        --config configs/wmt14_ende.py:variant=big --workdir gs://BUCKET/runs/ende_big
     python launch/gke.py --image REGISTRY/attnmt:TAG --gpu-type nvidia-h100-80gb \
-        --nodes 2 --gpus-per-node 8 --config configs/wmt14_ende.py --workdir /mnt/runs/ende
+        --nodes 2 --gpus-per-node 8 --bucket BUCKET --service-account attnmt \
+        --config configs/wmt14_ende.py --workdir /mnt/shared/runs/ende
+
+The image defaults to the one launch/image.py builds from this checkout's HEAD for the
+accelerator (`<registry>/attnmt:<tpu|cuda>-<commit>`, registry from --registry or
+$ATTNMT_REGISTRY); --image names any other. The workdir must outlive the pods: a gs:// path
+(attnmt writes the bucket itself), or a path under --mount-path of a volume every pod mounts,
+either the bucket through GKE's Cloud Storage FUSE CSI driver (--bucket) or a
+ReadWriteMany PersistentVolumeClaim such as Filestore (--pvc). A path on the container's own
+disk is refused: it would vanish with the pod. Bucket access goes through the Kubernetes
+service account (--service-account) bound to a Google service account by Workload Identity.
 
 One replicated job (one slice) whose Indexed Job runs `hosts` pods at once (parallelism =
 completions = hosts; a TPU slice has topology chips / chips-per-host hosts). TPU pods need no
@@ -12,9 +23,9 @@ coordinator variables: GKE gives them TPU_WORKER_HOSTNAMES and JAX reads those. 
 ATTNMT_COORDINATOR_ADDRESS (pod 0 through the JobSet's headless service),
 ATTNMT_NUM_PROCESSES and ATTNMT_PROCESS_ID (the pod's completion index). Any pod failing
 restarts the whole set (--max-restarts) and training resumes from the newest checkpoint, so
-the workdir must be shared storage mounted in every pod (a gcsfuse bucket or a Filestore/NFS
-volume). The image must have attnmt installed and the repository's configs/ in its working
-directory (--working-dir).
+the workdir must be storage every pod shares (above). The image has attnmt installed and the
+repository's configs/ in its working directory (the Dockerfile's WORKDIR; --working-dir
+overrides it).
 """
 
 from __future__ import annotations
@@ -38,12 +49,19 @@ from launch.common import (
     parse_env,
     single_run_main,
     slug,
+    url_scheme,
 )
+from launch.image import REGISTRY_ENV, default_image
 
 TOOL = "kubectl"
 DEFAULT_PROGRAM = "attnmt"
 REPLICATED_JOB = "workers"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+STORAGE_VOLUME = "shared"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+# implicit-dirs: see folders made by other clients. rename-dir-limit: Orbax commits a
+# checkpoint by renaming its temporary folder, which gcsfuse refuses by default.
+GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,rename-dir-limit=200000"
 
 
 def hosts(options: argparse.Namespace) -> int:
@@ -84,10 +102,49 @@ def _environment(options: argparse.Namespace, name: str, count: int) -> list[dic
     return env
 
 
+def image(options: argparse.Namespace) -> str:
+    return options.image or default_image(options.registry, "cuda" if options.gpu_type else "tpu")
+
+
+def check_workdir(run: Run, options: argparse.Namespace) -> None:
+    """A workdir must outlive the pods: a bucket URL, or a path on the shared volume."""
+    if url_scheme(run.workdir) is not None:
+        return
+    if not (options.bucket or options.pvc):
+        raise LaunchError(
+            f"workdir {run.workdir} would be on the pod's own disk, which is lost when the pod "
+            "ends: use a gs:// workdir, or mount shared storage with --bucket or --pvc"
+        )
+    mount = options.mount_path.rstrip("/")
+    if run.workdir != mount and not run.workdir.startswith(mount + "/"):
+        raise LaunchError(
+            f"workdir {run.workdir} is not under --mount-path {mount}, where the shared "
+            f"volume is mounted: use e.g. {mount}/runs/{run.name}"
+        )
+
+
+def _storage_volume(options: argparse.Namespace) -> dict[str, Any] | None:
+    """The bucket through the gcsfuse CSI driver (an inline ephemeral volume), or a PVC."""
+    if options.bucket:
+        bucket = options.bucket.removeprefix("gs://").rstrip("/")
+        attributes = {"bucketName": bucket, "mountOptions": GCSFUSE_MOUNT_OPTIONS}
+        csi = {"driver": GCSFUSE_DRIVER, "volumeAttributes": attributes}
+        return {"name": STORAGE_VOLUME, "csi": csi}
+    if options.pvc:
+        return {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": options.pvc}}
+    return None
+
+
+def _add_volume(pod: dict[str, Any], container: dict[str, Any], volume: dict, path: str) -> None:
+    pod.setdefault("volumes", []).append(volume)
+    mount = {"name": volume["name"], "mountPath": path}
+    container.setdefault("volumeMounts", []).append(mount)
+
+
 def _pod_spec(run: Run, options: argparse.Namespace, name: str, count: int) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "attnmt",
-        "image": options.image,
+        "image": image(options),
         "command": run.train_argv(shlex.split(options.program)),
     }
     env = _environment(options, name, count)
@@ -105,8 +162,7 @@ def _pod_spec(run: Run, options: argparse.Namespace, name: str, count: int) -> d
         selector = {"cloud.google.com/gke-accelerator": options.gpu_type}
         container["resources"] = {"limits": {"nvidia.com/gpu": options.gpus_per_node}}
         # NCCL needs more shared memory than a container's default 64 MB.
-        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-        pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        _add_volume(pod, container, {"name": "dshm", "emptyDir": {"medium": "Memory"}}, "/dev/shm")
     else:
         selector = {
             "cloud.google.com/gke-tpu-accelerator": options.tpu_type,
@@ -118,19 +174,28 @@ def _pod_spec(run: Run, options: argparse.Namespace, name: str, count: int) -> d
     pod["nodeSelector"] = selector
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
+    storage = _storage_volume(options)
+    if storage is not None:
+        _add_volume(pod, container, storage, options.mount_path)
     return pod
 
 
 def manifest(run: Run, options: argparse.Namespace) -> dict[str, Any]:
     """The JobSet as a plain dict (what `kubectl apply` receives)."""
+    check_workdir(run, options)
     name = jobset_name(options, run)
     count = hosts(options)
+    template: dict[str, Any] = {}
+    if options.bucket:
+        # Asks GKE to inject the gcsfuse sidecar that serves the CSI volume.
+        template["metadata"] = {"annotations": {"gke-gcsfuse/volumes": "true"}}
+    template["spec"] = _pod_spec(run, options, name, count)
     job = {
         "parallelism": count,
         "completions": count,
         "completionMode": "Indexed",
         "backoffLimit": 0,  # one failed pod fails the job; the JobSet then restarts all
-        "template": {"spec": _pod_spec(run, options, name, count)},
+        "template": template,
     }
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "attnmt"}}
     if options.namespace:
@@ -166,7 +231,18 @@ def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", required=True, help="container image with attnmt installed")
+    parser.add_argument(
+        "--image",
+        default=None,
+        help="container image (default: launch/image.py's image of HEAD in --registry)",
+    )
+    parser.add_argument(
+        "--registry", default=None, help=f"where launch/image.py pushed (default: ${REGISTRY_ENV})"
+    )
+    storage = parser.add_mutually_exclusive_group()
+    storage.add_argument("--bucket", default=None, help="mount this GCS bucket (gcsfuse CSI)")
+    storage.add_argument("--pvc", default=None, help="mount this ReadWriteMany PVC (Filestore)")
+    parser.add_argument("--mount-path", default="/mnt/shared", help="where --bucket/--pvc mount")
     parser.add_argument("--jobset", default="attnmt-{run}", help="JobSet name; {run} = run name")
     parser.add_argument("--namespace", default=None)
     accelerator = parser.add_mutually_exclusive_group(required=True)

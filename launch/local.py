@@ -6,9 +6,9 @@
 
 Process i gets the explicit coordinator variables (ATTNMT_COORDINATOR_ADDRESS on a free
 port, ATTNMT_NUM_PROCESSES, ATTNMT_PROCESS_ID=i) and ATTNMT_LOCAL_DEVICE_COUNT fake CPU
-devices; its output goes to <workdir>/logs/process_<i>.log. The launcher waits for all and
-exits with the first failure's code (the others are stopped, since they would otherwise wait
-for their peer forever).
+devices; its output goes to <workdir>/logs/process_<i>.log (--log-dir elsewhere, as a gs://
+workdir needs). The launcher waits for all and exits with the first failure's code (the
+others are stopped, since they would otherwise wait for their peer forever).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from launch.common import (
     main_guard,
     run_from_args,
     split_overrides,
+    url_scheme,
 )
 
 DEFAULT_PROGRAM = shlex.join([sys.executable, "-m", "attnmt.cli.main"])
@@ -55,6 +56,7 @@ def add_launcher_arguments(parser: argparse.ArgumentParser) -> None:
         "--devices-per-process", type=int, default=1, help="fake CPU devices in each process"
     )
     parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
+    parser.add_argument("--log-dir", default=None, help="process logs (default: <workdir>/logs)")
 
 
 def _xla_flags_without_forced_devices() -> str | None:
@@ -69,7 +71,11 @@ def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
     if options.processes < 1 or options.devices_per_process < 1:
         raise LaunchError("--processes and --devices-per-process must be at least 1")
     port = options.port or free_port()
-    logs = f"{run.workdir}/logs"
+    logs = options.log_dir or f"{run.workdir}/logs"
+    if url_scheme(logs) is not None:
+        raise LaunchError(
+            f"process logs go to files on this machine, not to {logs}: pass --log-dir DIR"
+        )
     argv = tuple(run.train_argv(shlex.split(options.program)))
     shared = {
         "JAX_PLATFORMS": "cpu",

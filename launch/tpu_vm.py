@@ -1,11 +1,12 @@
-"""Cloud TPU VM slices through `gcloud compute tpus tpu-vm`: create, install, run, logs, stop,
-delete. Every worker of a slice runs the same command (`--worker=all`); JAX finds its peers
-from the TPU metadata itself, so no coordinator variables are needed.
+"""Cloud TPU VM slices through `gcloud compute tpus tpu-vm`: create, install, mount, run,
+logs, stop, delete. Every worker of a slice runs the same command (`--worker=all`); JAX finds
+its peers from the TPU metadata itself, so no coordinator variables are needed.
 
     python launch/tpu_vm.py create  --tpu ende --zone us-central2-b --accelerator-type v4-32
     python launch/tpu_vm.py install --tpu ende --zone us-central2-b            # this repo's HEAD
+    python launch/tpu_vm.py mount   --tpu ende --zone us-central2-b --bucket BUCKET   # optional
     python launch/tpu_vm.py run     --tpu ende --zone us-central2-b \
-        --config configs/wmt14_ende.py:variant=base --workdir /mnt/runs/ende_base
+        --config configs/wmt14_ende.py:variant=base --workdir gs://BUCKET/runs/ende_base
     python launch/tpu_vm.py logs    --tpu ende --zone us-central2-b --name ende_base --follow
     python launch/tpu_vm.py stop    --tpu ende --zone us-central2-b --name ende_base
     python launch/tpu_vm.py delete  --tpu ende --zone us-central2-b
@@ -13,17 +14,19 @@ from the TPU metadata itself, so no coordinator variables are needed.
 Install ships the repository (configs included) to ~/attnmt on every worker: `--source repo`
 (default) copies `git archive HEAD` of this checkout, so commit first; `--source git` clones
 --git-url at --ref there; `--source wheel` installs --wheel and copies configs/ beside it.
-A multi-host slice needs a workdir every worker shares (a gcsfuse-mounted bucket or a
-Filestore volume, mounted at the same path on each worker): each host writes its part of
-every checkpoint there. Training runs under nohup with its log in ~/attnmt-logs/<name>.log
-and its pid beside it (stop sends SIGTERM: the run checkpoints, then exits).
+A multi-host slice needs a workdir every worker shares, since each host writes its part of
+every checkpoint there: a gs:// path (attnmt writes the bucket itself, with the VM's service
+account), or a path under a mount every worker has at the same place. `mount` installs
+gcsfuse on every worker (from Google's apt repository) and mounts --bucket at --mount-path
+(default /mnt/shared); a Filestore volume mounted by hand works the same way.
+Training runs under nohup with its log in ~/attnmt-logs/<name>.log and its pid beside it
+(stop sends SIGTERM: the run checkpoints, then exits).
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,6 +50,8 @@ from launch.common import (
     run_from_args,
     slug,
     split_overrides,
+    url_scheme,
+    warn_if_uncommitted,
 )
 
 TOOL = "gcloud"
@@ -128,7 +133,7 @@ def install_commands(options: argparse.Namespace) -> list[Command]:
             _ssh(options, _pip_install(wheel, options)),
         ]
     archive = str(Path(tempfile.gettempdir()) / ARCHIVE_NAME)
-    _warn_if_uncommitted()
+    warn_if_uncommitted("what install sends")
     remote = (
         f"mkdir -p {_home(REMOTE_REPO)} && tar -xzf {_home(ARCHIVE_NAME)} -C {_home(REMOTE_REPO)}"
         " && " + _pip_install(REMOTE_REPO, options, editable=True)
@@ -148,18 +153,35 @@ def install_commands(options: argparse.Namespace) -> list[Command]:
     ]
 
 
-def _warn_if_uncommitted() -> None:
-    status = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if status.returncode == 0 and status.stdout.strip():
-        print(
-            "launch: warning: uncommitted changes are not shipped (install sends HEAD)",
-            file=sys.stderr,
+GCSFUSE_APT = (
+    'echo "deb [signed-by=/usr/share/keyrings/cloud.google.asc] '
+    'https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main"'
+    " | sudo tee /etc/apt/sources.list.d/gcsfuse.list > /dev/null"
+    " && curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg"
+    " | sudo tee /usr/share/keyrings/cloud.google.asc > /dev/null"
+    " && sudo apt-get update -qq && sudo apt-get install -y -qq gcsfuse"
+)
+# implicit-dirs: see folders other workers made. rename-dir-limit: Orbax commits a
+# checkpoint by renaming its temporary folder, which gcsfuse refuses by default.
+GCSFUSE_FLAGS = ("--implicit-dirs", "--rename-dir-limit=200000")
+
+
+def mount_commands(options: argparse.Namespace) -> list[Command]:
+    """gcsfuse on every worker (installed if missing), the bucket at the same path on each;
+    a worker where it is mounted already is left as it is."""
+    bucket = options.bucket.removeprefix("gs://").rstrip("/")
+    if not bucket or "/" in bucket:
+        raise LaunchError(
+            f"--bucket wants a bucket name (my-bucket or gs://my-bucket), got {options.bucket!r}"
         )
+    path = shlex.quote(options.mount_path)
+    gcsfuse = shlex.join(["gcsfuse", *GCSFUSE_FLAGS, bucket, options.mount_path])
+    remote = (
+        f"set -e; command -v gcsfuse > /dev/null || {{ {GCSFUSE_APT}; }}; "
+        f'sudo mkdir -p {path} && sudo chown "$(id -u):$(id -g)" {path}; '
+        f"mountpoint -q {path} || {gcsfuse}"
+    )
+    return [_ssh(options, remote)]
 
 
 def tpu_name(template: str, run: Run) -> str:
@@ -169,10 +191,11 @@ def tpu_name(template: str, run: Run) -> str:
 
 def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
     """The run on every worker: in the background under nohup, or attached (--foreground)."""
-    if not run.workdir.startswith("/"):
+    if url_scheme(run.workdir) is None and not run.workdir.startswith("/"):
         print(
             f"launch: note: workdir {run.workdir} is relative to ~/attnmt on each worker; a "
-            "multi-host slice needs a path every worker shares (a gcsfuse or Filestore mount)",
+            "multi-host slice needs a path every worker shares (gs://, or a gcsfuse or Filestore "
+            "mount)",
             file=sys.stderr,
         )
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in parse_env(options.env).items())
@@ -250,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_launcher_arguments(run)
     add_dry_run_argument(run)
 
+    mount = verbs.add_parser("mount", help="mount a GCS bucket on all workers (gcsfuse)")
+    _slice_arguments(mount)
+    mount.add_argument("--bucket", required=True, help="bucket name (or gs://name)")
+    mount.add_argument("--mount-path", default="/mnt/shared", help="the same on every worker")
+
     for verb, text in (("logs", "show a run's log"), ("stop", "SIGTERM a run (it checkpoints)")):
         sub = verbs.add_parser(verb, help=text)
         _slice_arguments(sub)
@@ -277,6 +305,7 @@ def _main(argv: list[str] | None) -> int:
         build = {
             "create": create_commands,
             "install": install_commands,
+            "mount": mount_commands,
             "logs": logs_commands,
             "stop": stop_commands,
             "delete": delete_commands,

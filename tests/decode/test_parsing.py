@@ -13,6 +13,7 @@ from attnmt.data.treebank import parse_bracketed, to_bracketed, words
 from attnmt.errors import ConfigError, DataError
 from attnmt.evaluate.parse_f1 import score_trees
 from attnmt.experiment import Experiment
+from tests.launch.helpers import TINY_MODEL
 from tests.test_config import CONFIGS
 
 
@@ -62,12 +63,7 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, ca
         f"--config.data.data_dir={ptb_dir}",
         "--config.data.treebank_splits=train=1-30,dev=160-161",
         "--config.model.vocab_size=300",
-        "--config.model.d_model=32",
-        "--config.model.d_ff=64",
-        "--config.model.num_heads=2",
-        "--config.model.d_k=16",
-        "--config.model.d_v=16",
-        "--config.model.num_layers=1",
+        *TINY_MODEL,
         "--config.data.tokens_per_batch=2048",
         "--config.train.num_steps=10",
         "--config.train.eval_every_steps=0",

@@ -84,6 +84,16 @@ def corpus_overrides(corpus: Path) -> list[str]:
     ]
 
 
+# A one-layer width-32 Transformer: any config becomes a model that compiles in seconds.
+TINY_MODEL = [
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.model.d_k=16",
+    "--config.model.d_v=16",
+    "--config.model.num_layers=1",
+]
+
 # XLA's CPU backend at optimisation level 0 compiles a tiny model about twice as fast; the
 # numbers are the same to the precision the tests look at.
 FAST_COMPILE_ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0"}

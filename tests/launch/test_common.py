@@ -148,6 +148,9 @@ def test_local_launcher_passes_sigterm_on_to_its_processes(tmp_path):
             os.kill(pid, 0)
 
 
-def test_a_url_workdir_is_refused_before_launching():
-    with pytest.raises(LaunchError, match=r"gs://b/r.*mount"):
-        Run("r", "configs/tiny.py", "gs://b/r")
+def test_bucket_workdirs_pass_and_other_urls_are_refused_before_launching():
+    run = Run("r", "configs/tiny.py", "gs://b/runs/r")
+    assert run.train_argv(["attnmt"])[-2:] == ["--workdir", "gs://b/runs/r"]
+    for url in ("https://example.org/r", "file:///tmp/r"):
+        with pytest.raises(LaunchError, match=r"gs://"):
+            Run("r", "configs/tiny.py", url)

@@ -105,8 +105,12 @@ def test_tpu_vm_create_install_logs_stop_delete():
     assert delete == [*GCLOUD_TPU, "delete", "ende", "--zone=z", "--quiet"]
 
 
+# The workdir of RUN on a shared volume (a Filestore claim) mounted at /mnt/bucket.
+GKE_STORAGE = "--pvc filestore --mount-path /mnt/bucket"
+
+
 def _jobset(flags, *more):
-    ((words, manifest),) = _dry("gke", f"--image reg/attnmt:1 {flags}", *more)
+    ((words, manifest),) = _dry("gke", f"--image reg/attnmt:1 {GKE_STORAGE} {flags}", *more)
     assert words == ["kubectl", "apply", "-f", "-"]
     return yaml.safe_load(manifest)
 
@@ -188,7 +192,7 @@ def test_cloud_launchers_refuse_to_run_without_their_cli(tmp_path):
     # An empty PATH: whatever is installed here is never called.
     empty = {"PATH": str(tmp_path)}
     for script, args in (
-        ("gke", ["--image", "i", "--gpu-type", "g", *RUN]),
+        ("gke", ["--image", "i", "--gpu-type", "g", *shlex.split(GKE_STORAGE), *RUN]),
         ("slurm", RUN),
         ("tpu_vm", ["delete", "--tpu", "t", "--zone", "z"]),
     ):
@@ -198,6 +202,7 @@ def test_cloud_launchers_refuse_to_run_without_their_cli(tmp_path):
 
 
 def test_bad_arguments_are_reported_without_a_traceback():
-    result = launch("gke", *shlex.split("--image i --tpu-type t --tpu-topology 3x3"), *RUN)
+    flags = f"--image i --tpu-type t --tpu-topology 3x3 {GKE_STORAGE}"
+    result = launch("gke", *shlex.split(flags), *RUN)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "3x3" in result.stderr
