@@ -32,6 +32,8 @@ RUNS = [
     run("base"),
     run("lr2", **{"optim.learning_rate_scale": 2.0}),
     run("lr05", **{"optim.learning_rate_scale": 0.5}),
+    run("lr03", **{"optim.learning_rate_scale": 0.3}),
+    run("packed", **{"data.pack_length": 64}),
     run("nodrop", **{"model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0}),
     run(
         "tok1024",
@@ -45,5 +47,4 @@ RUNS = [
     ),
     run("warm100", **{"optim.warmup_steps": 100}),
     run("ls0", **{"train.label_smoothing": 0.0}),
-    run("packed", **{"data.pack_length": 64}),
 ]

@@ -178,7 +178,9 @@ def test_the_documented_wmt14_recipe_runs_on_mock_data(tmp_path, capsys):
             len(decode.read_text(encoding="utf-8").split("\n")[:-1]) == SENTENCES
         )  # every sentence
     out = capsys.readouterr().out
-    assert out.count("sacreBLEU") == 2 and out.count("tokenized BLEU") == 2
+    # Each `attnmt train` ends with its newest checkpoint's test BLEU (train.test_at_end),
+    # each `attnmt evaluate` prints the average's: four score blocks.
+    assert out.count("sacreBLEU") == 4 and out.count("tokenized BLEU") == 4
 
 
 def test_the_recipe_resolves_for_en_fr_too(tmp_path):
