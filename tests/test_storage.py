@@ -165,11 +165,14 @@ def train_command(workdir: str, corpus: str) -> list[str]:
         "--config.train.log_every_steps=1",
         f"--config.train.checkpoint_every_steps={EVERY}",
         "--config.train.keep_checkpoints=3",
+        "--config.train.xla_backend_optimization_level=1",  # a shorter compile
     )
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    start = time.monotonic()
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    print(f"{time.monotonic() - start:5.1f} s  {' '.join(argv[3:5])}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     return done
@@ -209,7 +212,7 @@ def final_params(workdir: str) -> list[np.ndarray]:
 def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
     tmp_path, bucket, emulator, monkeypatch
 ):
-    env = {**os.environ, **emulator_env(emulator), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, **emulator_env(emulator), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     for split, count, seed in (("train", 1500, 0), ("dev", 32, 1), ("test", 32, 2)):
@@ -234,6 +237,7 @@ def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
 
     run(command("average", "--workdir", workdir, "--last", "2"), env, cwd)
     evaluate = command("evaluate", "--workdir", workdir, "--split", "test", "--beam", "1")
+    evaluate += ["--xla-opt-level", "1"]
     printed = run([*evaluate, "--average-last", "2"], env, cwd).stdout
     report_csv = f"gs://{BUCKET}/report.csv"
     table = run(command("report", f"gs://{BUCKET}/runs", "--csv", report_csv), env, cwd).stdout
