@@ -298,3 +298,25 @@ def test_paths_that_cannot_work_are_refused_with_the_flag_named(monkeypatch):
     with pytest.raises(ConfigError, match=r"needs the gcsfs package: pip install 'attnmt\[gcs\]'"):
         storage.as_path("gs://b/run", "--workdir")
     assert storage.as_path("runs/x") == storage.epath.Path("runs/x")  # local paths pass
+
+
+class _Shouting:
+    """A stand-in translator: each line upper-cased, so what was read shows in the output."""
+
+    def translate_stream(self, source, target) -> None:
+        for line in source:
+            target.write(line.rstrip("\n").upper() + "\n")
+
+
+def test_translate_reads_and_writes_bucket_files_byte_exactly(bucket, emulator, monkeypatch):
+    from argparse import Namespace
+
+    from attnmt.cli.main import _translate_files
+
+    for name, value in emulator_env(emulator).items():
+        monkeypatch.setenv(name, value)
+    # A lone "\r" stays inside its line and a bad byte becomes U+FFFD, as for local files.
+    bucket.upload("io/in.txt", b"a b\rc\nd \xff e\n")
+    args = Namespace(input=f"gs://{BUCKET}/io/in.txt", output=f"gs://{BUCKET}/io/out.txt")
+    _translate_files(_Shouting(), args)
+    assert bucket.read("io/out.txt") == "A B\rC\nD \ufffd E\n".encode()

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO
 
 from attnmt.errors import ConfigError
@@ -131,16 +131,3 @@ def upload_tree(local: str | os.PathLike, target: epath.Path) -> list[epath.Path
             copy_file(epath.Path(source), destination)
             written.append(destination)
     return written
-
-
-@contextlib.contextmanager
-def staged_folder(target: epath.Path) -> Iterator[str]:
-    """A local folder to write into: `target` itself when it is local; for a remote target,
-    a temporary folder whose files are uploaded under `target` on the way out."""
-    if not is_remote(target):
-        target.mkdir(parents=True, exist_ok=True)
-        yield os.fspath(target)
-        return
-    with tempfile.TemporaryDirectory(prefix="attnmt-stage-") as local:
-        yield local
-        upload_tree(local, target)
