@@ -146,7 +146,7 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "attnmt.cli.main", *args]
 
 
-def train_command(workdir: str, corpus: str) -> list[str]:
+def train_command(workdir: str, corpus: str, *extra: str) -> list[str]:
     return command(
         "train",
         "--config",
@@ -166,6 +166,7 @@ def train_command(workdir: str, corpus: str) -> list[str]:
         f"--config.train.checkpoint_every_steps={EVERY}",
         "--config.train.keep_checkpoints=3",
         "--config.train.xla_backend_optimization_level=1",  # a shorter compile
+        *extra,
     )
 
 
@@ -228,11 +229,18 @@ def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
     # The reference: the same run, uninterrupted, in a local workdir with local data.
     run(train_command(str(tmp_path / "reference"), str(tmp_path)), env, cwd)
     # In the bucket, data read from it too: stopped by SIGTERM after step 5, then resumed.
-    log = preempted_run(train_command(workdir, f"gs://{BUCKET}/corpus"), env, cwd, 5)
+    # A profile of update 9 (after the resume) too; tracing does not change the state.
+    in_bucket = train_command(
+        workdir,
+        f"gs://{BUCKET}/corpus",
+        "--config.train.profile_first_step=8",
+        "--config.train.profile_num_steps=1",
+    )
+    log = preempted_run(in_bucket, env, cwd, 5)
     assert "stopped at step" in log
     saved = [n for n in bucket.names("runs/tiny/checkpoints/") if n.endswith("commit_success.txt")]
     assert saved, bucket.names("runs/tiny/")
-    done = run(train_command(workdir, f"gs://{BUCKET}/corpus"), env, cwd)
+    done = run(in_bucket, env, cwd)
     assert "resumed from checkpoint step" in done.stderr
 
     run(command("average", "--workdir", workdir, "--last", "2"), env, cwd)
@@ -250,6 +258,7 @@ def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
         "runs/tiny/data/train-",  # the token cache
         f"runs/tiny/checkpoints/{NUM_STEPS}/state/",  # Orbax's arrays, through TensorStore
         "runs/tiny/tensorboard/train/events.out.tfevents.",
+        "runs/tiny/profile/plugins/profile/",  # jax.profiler's trace, uploaded
         "runs/tiny/tensorboard/eval/events.out.tfevents.",
         "runs/tiny/tensorboard/bleu_test_avg2/events.out.tfevents.",
         f"runs/tiny/average-last2/checkpoints/{NUM_STEPS}/state/",
