@@ -13,8 +13,8 @@ FROM python:${PYTHON_VERSION}-slim
 
 # cpu | cuda | tpu: which jax wheel docker/install.sh adds to the project's own install.
 ARG ACCELERATOR=cpu
-# attnmt extras; tfds reads wmt14_translate (and brings TensorFlow's gs:// file system).
-ARG EXTRAS=tfds
+# attnmt extras: tfds reads wmt14_translate; gcs (gcsfs) serves gs:// workdirs (attnmt.storage).
+ARG EXTRAS=tfds,gcs
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

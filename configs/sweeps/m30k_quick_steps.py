@@ -13,9 +13,10 @@ are compared at equal target tokens, and their step time is measured separately
 
 STEPS = 500
 BASE = {
-    # Length buckets, as the quick run had when this sweep was measured; "packed" below is
-    # what it has now.
+    # The quick run as it was when this sweep was measured (length buckets, the paper's
+    # learning rate); "packed" and "lr05" are what it has now.
     "data.pack_length": 0,
+    "optim.learning_rate_scale": 1.0,
     "train.num_steps": STEPS,
     "train.time_limit_minutes": 0.0,
     "train.eval_every_steps": 250,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import io
 import json
 import re
 import struct
@@ -22,6 +23,7 @@ from typing import Any
 from etils import epath
 
 from attnmt.errors import UserError
+from attnmt.storage import as_path
 
 # Preference order when a BLEU event holds several scores: the dataset's own convention
 # first (Multi30K), then the paper's tokenized BLEU, then sacreBLEU.
@@ -199,7 +201,7 @@ def _natural_key(text: str) -> list[Any]:
 
 def gather(root: str) -> list[RunSummary]:
     """A summary of each run under `root`, sorted by name."""
-    base = epath.Path(root)
+    base = as_path(root, "attnmt report ROOT")
     workdirs = find_runs(base)
     if not workdirs:
         raise ReportError(f"no runs under {root}: no folder there holds a config.json")
@@ -283,7 +285,11 @@ def csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
 
 def write_csv(summaries: Sequence[RunSummary], path: str) -> None:
     rows = csv_rows(summaries)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
+    # As bytes: etils' text mode takes no newline= (csv writes its own line ends).
+    with (
+        as_path(path, "--csv").open("wb") as raw,
+        io.TextIOWrapper(raw, encoding="utf-8", newline="") as handle,
+    ):
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -6,7 +6,7 @@ read: the optimizer state in the checkpoint (twice the parameters with Adam) sta
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import os
 from typing import Any
 
 import jax
@@ -18,6 +18,7 @@ from attnmt.errors import CheckpointError
 from attnmt.experiment import Experiment
 from attnmt.model.config import ModelConfig
 from attnmt.model.param_count import abstract_params
+from attnmt.storage import Path, as_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +43,10 @@ def abstract_params_on_one_device(model: ModelConfig) -> Any:
     )
 
 
-def load_run(workdir: str | Path, step: int | None = None) -> LoadedRun:
-    """Config, vocabulary and parameters of a workdir's newest (or given) checkpoint."""
-    workdir = Path(workdir)
+def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
+    """Config, vocabulary and parameters of a workdir's newest (or given) checkpoint
+    (a local folder or one in a bucket)."""
+    workdir = as_path(workdir, "--workdir")
     manager = CheckpointManager(workdir)
     try:
         steps_present = manager.all_steps()

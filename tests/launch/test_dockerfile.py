@@ -155,7 +155,7 @@ def test_each_accelerator_installs_the_project_and_its_jax(tmp_path, accelerator
         return
     assert result.returncode == 0, result.stderr
     argv = json.loads(record.read_text())
-    assert argv == ["-m", "pip", "install", ".[tfds]", EXPECTED_JAX[accelerator]]
+    assert argv == ["-m", "pip", "install", ".[tfds,gcs]", EXPECTED_JAX[accelerator]]
 
 
 def test_the_copied_files_alone_build_attnmt_with_its_entry_point(tmp_path):

@@ -97,16 +97,28 @@ def test_cli_refuses_a_bad_key_without_traceback(capsys):
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate", "average"])
-def test_cli_refuses_url_workdirs_before_writing_anything(command, capsys, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("workdir", "said"),
+    [
+        ("gs:/bucket/run", "lost a slash; write gs://bucket/run"),  # what pathlib makes of it
+        ("ftp://host/run", "unsupported URL scheme ftp://"),
+        ("gs://", "names no bucket"),
+    ],
+)
+def test_cli_refuses_workdirs_that_cannot_work_before_writing_anything(
+    command, workdir, said, capsys, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    argv = [command, "--workdir", "gs://bucket/run"]
+    argv = [command, "--workdir", workdir]
     if command == "train":
         argv += ["--config", str(CONFIGS / "tiny.py")]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "gs://bucket/run" in err and "mount" in err
+    err = capsys.readouterr().err.strip().splitlines()  # argparse: usage, then one line
+    errors = [line for line in err if "error:" in line]
+    assert errors == [err[-1]] and err[-1].startswith(f"attnmt {command}: error:"), err
+    assert repr(workdir) in err[-1] and said in err[-1]
     assert list(tmp_path.iterdir()) == []  # no local "gs:" folder was created
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
-from pathlib import Path
+import os
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import orbax.checkpoint as ocp
 
 from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir, partial_reader
 from attnmt.errors import CheckpointError
+from attnmt.storage import Path, as_path, copy_file
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +116,14 @@ def _restore_newest(
 
 
 def average_checkpoints(
-    workdir: str | Path,
+    workdir: str | os.PathLike,
     last: int,
-    output_dir: str | Path | None = None,
+    output_dir: str | os.PathLike | None = None,
     abstract_state: Any | None = None,
     overwrite: bool = False,
 ) -> AverageResult:
     """Writes a workdir whose one checkpoint holds the mean parameters of the newest `last`."""
-    workdir = Path(workdir)
+    workdir = as_path(workdir, "--workdir")
     where = checkpoint_dir(workdir)
     output = _checked_output(workdir, where, last, output_dir, overwrite)
     reader = partial_reader(where)
@@ -154,32 +154,36 @@ def average_checkpoints(
     _write(output, steps[-1], state, data_state, config)
     for name in WORKDIR_FILES:
         if (workdir / name).is_file():
-            shutil.copyfile(workdir / name, output / name)
+            copy_file(workdir / name, output / name)
     log.info("averaged steps %s of %s into %s", list(steps), where, checkpoint_dir(output))
     return AverageResult(output_dir=output, steps=steps, step=steps[-1])
 
 
 def _checked_output(
-    workdir: Path, where: str, last: int, output_dir: str | Path | None, overwrite: bool
+    workdir: Path, where: str, last: int, output_dir: str | os.PathLike | None, overwrite: bool
 ) -> Path:
     """The output workdir, once the request is known to be sound."""
     if last < 1:
         raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {last}")
-    if not Path(where).is_dir():  # checked first: opening a manager would create the folder
+    if not as_path(where).is_dir():  # checked first: opening a manager would create the folder
         raise CheckpointError(f"no checkpoints folder at {where}")
-    output = Path(output_dir) if output_dir is not None else workdir / f"average-last{last}"
+    output = (
+        as_path(output_dir, "--output")
+        if output_dir is not None
+        else workdir / f"average-last{last}"
+    )
     if output.absolute() == workdir.absolute():  # overwrite would delete the sources
         raise CheckpointError(f"the output dir {output} must differ from the workdir {workdir}")
-    output_checkpoints = Path(checkpoint_dir(output))
+    output_checkpoints = as_path(checkpoint_dir(output))
     if not overwrite and output_checkpoints.is_dir() and any(output_checkpoints.iterdir()):
         raise CheckpointError(f"{output_checkpoints} already holds checkpoints")
     return output
 
 
 def _write(output: Path, step: int, state: Any, data_state: dict, config: dict) -> None:
-    output_checkpoints = Path(checkpoint_dir(output))
+    output_checkpoints = as_path(checkpoint_dir(output))
     if output_checkpoints.exists():
-        shutil.rmtree(output_checkpoints)  # (overwrite) a stale newer step would shadow ours
+        output_checkpoints.rmtree()  # (overwrite) a stale newer step would shadow ours
     writer = CheckpointManager(output)
     try:
         writer.save(step, state, data_state, config)

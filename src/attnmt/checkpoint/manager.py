@@ -1,7 +1,8 @@
 """Orbax checkpoints of {train state, data-iterator position, config} in one step folder.
 
-Orbax writes each step into `<step>.orbax-checkpoint-tmp` and renames it when complete, so
-a save interrupted mid-write is never listed as a step; saving is asynchronous, so training
+Orbax writes each step into `<step>.orbax-checkpoint-tmp` and renames it when complete (in
+a bucket, where renaming is not atomic, it writes `<step>/commit_success.txt` last), so a
+save interrupted mid-write is never listed as a step; saving is asynchronous, so training
 goes on while the arrays are written. A step whose files are later damaged is detected on
 restore: the newest readable step is used instead, and the damaged one is moved aside.
 """
@@ -9,6 +10,7 @@ restore: the newest readable step is used instead, and the damaged one is moved 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from attnmt.errors import CheckpointError
+from attnmt.storage import as_path, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +32,11 @@ class UnreadableCheckpointError(CheckpointError):
     """A checkpoint's files are missing or damaged (as opposed to holding another model)."""
 
 
-def checkpoint_dir(workdir: str | Path) -> str:
-    text = str(workdir)
-    if "://" in text:  # gs://… and other remote paths are handled by Orbax/etils
-        return text.rstrip("/") + "/checkpoints"
-    return str(Path(text).absolute() / "checkpoints")
+def checkpoint_dir(workdir: str | os.PathLike) -> str:
+    path = as_path(workdir, "--workdir")
+    if is_remote(path):  # Orbax and TensorStore write gs://… (any epath URL) themselves
+        return os.fspath(path / "checkpoints")
+    return str(Path(os.fspath(path)).absolute() / "checkpoints")
 
 
 def _handlers() -> dict[str, ocp.CheckpointHandler]:
@@ -89,7 +92,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        workdir: str | Path,
+        workdir: str | os.PathLike,
         keep: int = 20,
         asynchronous: bool = True,
         clean_up_unfinished: bool = False,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
 from attnmt.errors import ConfigError
+from attnmt.storage import local_only
 
 
 def add_attention_command(commands: argparse._SubParsersAction) -> None:
@@ -54,7 +55,8 @@ def run_attention(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt.decode.translate import Translator
 
     translator = Translator([run.experiment.model], [run.params], run.tokenizer, decode)
-    out = Path(args.out)
+    # Figures are saved by matplotlib to local files: copy them to a bucket afterwards.
+    out = Path(local_only(args.out, "attnmt attention --out"))
     out.mkdir(parents=True, exist_ok=True)
     if args.ablate:
         return _ablate(run, translator, args, out)

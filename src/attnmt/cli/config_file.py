@@ -10,11 +10,14 @@ import ml_collections
 
 from attnmt.errors import ConfigError
 from attnmt.overrides import apply_overrides, split_overrides
+from attnmt.storage import is_remote
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """Runs get_config(arg) of a config file given as `path.py` or `path.py:arg`."""
     path_text, _, arg = spec.partition(":")
+    if is_remote(spec):  # `gs://b/c.py` would split at its own colon
+        raise ConfigError(f"config file {spec!r} must be a local file (it is imported as Python)")
     path = Path(path_text)
     if not path.is_file():
         raise ConfigError(f"config file {path_text!r} does not exist")

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import io
 import logging
-import re
 import sys
 from collections.abc import Sequence
 
@@ -181,19 +180,29 @@ def _translate_files(translator, args: argparse.Namespace) -> None:
         # Undecodable bytes become U+FFFD instead of stopping the stream mid-file, and only
         # "\n" ends a line (as in training data): universal newlines would split a line at
         # a lone "\r" and shift every later translation by one.
+        # Files are opened as bytes through etils (local or in a bucket; its text mode takes
+        # no errors= or newline=) and decoded here.
+        raw_in = (
+            files.enter_context(_path(args.input, "--input").open("rb")) if args.input else None
+        )
         source = files.enter_context(
-            open(args.input, encoding="utf-8", errors="replace", newline="\n")  # noqa: SIM115
-            if args.input
-            else io.TextIOWrapper(
-                sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"
+            io.TextIOWrapper(
+                raw_in or sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"
             )
         )
+        raw_out = (
+            files.enter_context(_path(args.output, "--output").open("wb")) if args.output else None
+        )
         target = files.enter_context(
-            open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (ExitStack)
-            if args.output
-            else io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", write_through=True)
+            io.TextIOWrapper(raw_out or sys.stdout.buffer, encoding="utf-8", write_through=True)
         )
         translator.translate_stream(source, target)
+
+
+def _path(value: str, flag: str):
+    from attnmt.storage import as_path
+
+    return as_path(value, flag)
 
 
 def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
@@ -215,12 +224,10 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 def _score_and_log(runs: list, split: str, decode, workdir: str, tag: str) -> None:
     """Decodes and scores `split`, prints the scores, logs them to TensorBoard."""
-    from pathlib import Path
-
     from attnmt.decode.evaluation import evaluate_split
     from attnmt.train.metrics import MetricsSink
 
-    scores = evaluate_split(runs, split, decode, Path(workdir) / "decodes", tag)
+    scores = evaluate_split(runs, split, decode, _path(workdir, "--workdir") / "decodes", tag)
     print(scores.format(), flush=True)
     sink = MetricsSink(workdir)
     sink.write(f"bleu_{split}{tag.replace('-', '_')}", runs[0].step, scores.scalars())
@@ -244,30 +251,29 @@ def _cmd_report(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return report_module.run(args)
 
 
-def local_workdir(value: str) -> str:
-    """argparse type: a filesystem path; URLs are refused before anything is written.
+def storage_path(value: str) -> str:
+    """argparse type: a local path or a bucket URL (`gs://b/run`, any etils.epath URL).
 
-    The workdir's config, vocabulary, token cache and TensorBoard files go through local
-    paths, so `gs://b/run` would silently become a local folder `gs:/b/run` on a VM that may
-    vanish: a lost run. A mounted bucket (gcsfuse) or shared filesystem works.
+    Checked before anything is written: an unknown scheme, a missing filesystem package or
+    a URL that lost a slash is refused, never turned into a local folder named `gs:`.
     """
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is a URL; workdirs must be filesystem paths for now. Mount the "
-            "bucket (e.g. gcsfuse, or a shared NFS/Filestore volume visible to every host) "
-            "and pass the mounted path"
-        )
+    from attnmt.storage import as_path
+
+    try:
+        as_path(value, "path")
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("path ")) from None
     return value
 
 
 def _add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workdir", required=True, type=local_workdir, help="a training (or averaged) workdir"
+        "--workdir", required=True, type=storage_path, help="a training (or averaged) workdir"
     )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
     parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
     parser.add_argument(
-        "--ensemble", nargs="*", type=local_workdir, default=[], help="more workdirs to ensemble"
+        "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
     )
     parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
     parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
@@ -310,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train, or resume the run in --workdir")
     _add_config_arguments(train)
     train.add_argument(
-        "--workdir", required=True, type=local_workdir, help="checkpoints, logs, vocabulary"
+        "--workdir", required=True, type=storage_path, help="checkpoints, logs, vocabulary"
     )
     train.set_defaults(handler=_cmd_train)
 
@@ -324,14 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     vocab = commands.add_parser("vocab", help="train the shared sentencepiece vocabulary")
     _add_config_arguments(vocab)
-    vocab.add_argument("--workdir", required=True, type=local_workdir)
+    vocab.add_argument("--workdir", required=True, type=storage_path)
     vocab.set_defaults(handler=_cmd_vocab)
 
     average = commands.add_parser("average", help="average the last K checkpoints (§6.1)")
-    average.add_argument("--workdir", required=True, type=local_workdir)
+    average.add_argument("--workdir", required=True, type=storage_path)
     average.add_argument("--last", type=int, default=5, help="paper: 5 (base), 20 (big)")
     average.add_argument(
-        "--output", type=local_workdir, default=None, help="default <workdir>/average-last<K>"
+        "--output", type=storage_path, default=None, help="default <workdir>/average-last<K>"
     )
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=_cmd_average)

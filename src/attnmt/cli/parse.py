@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
 from attnmt.errors import ConfigError, DataError
+from attnmt.storage import as_path
 
 
 def add_parse_command(commands: argparse._SubParsersAction) -> None:
@@ -45,7 +45,9 @@ def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
         [run.experiment.model], [run.params], run.tokenizer, _decode_config(run, args, overrides)
     )
     try:
-        source = Path(args.input).read_bytes() if args.input else sys.stdin.buffer.read()
+        source = (
+            as_path(args.input, "--input").read_bytes() if args.input else sys.stdin.buffer.read()
+        )
     except OSError as error:
         raise DataError(f"--input {args.input}: {error.strerror}") from None
     # As for translate: undecodable bytes become U+FFFD and only "\n" ends a line.
@@ -55,7 +57,7 @@ def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     trees = parse_sentences(translator, lines, run.experiment.data.treebank_pos)
     text = "".join(line + "\n" for line in bracketed_lines(trees))
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        as_path(args.output, "--output").write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0
@@ -67,7 +69,9 @@ def evaluate_parsing(args: argparse.Namespace, overrides: Sequence[str], split: 
 
     run = _parsing_run(args)
     decode = _decode_config(run, args, overrides)
-    scores = evaluate_parse_split(run, split, decode, Path(args.workdir) / "decodes")
+    scores = evaluate_parse_split(
+        run, split, decode, as_path(args.workdir, "--workdir") / "decodes"
+    )
     print(scores.format())
     sink = MetricsSink(args.workdir)
     sink.write(f"parse_{split}", run.step, scores.scalars())

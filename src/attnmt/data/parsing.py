@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attnmt.data.treebank import Tree, iter_linearized, preprocess, read_treebank
 from attnmt.errors import ConfigError, DataError
+from attnmt.storage import local_only
 
 
 def parse_splits(text: str) -> dict[str, tuple[int, int]]:
@@ -48,6 +49,9 @@ def treebank_trees(split: str, data_dir: str, splits: str) -> list[Tree]:
         raise DataError(
             f"treebank: no split {split!r} in data.treebank_splits ({', '.join(ranges)})"
         )
+    # The trees are read with a local walk of the folder (cached per process): copy a
+    # treebank in a bucket to local disk first.
+    local_only(data_dir, "treebank data.data_dir")
     if not data_dir or not Path(data_dir).is_dir():
         raise DataError(
             f"treebank: data.data_dir={data_dir!r} is not a folder of .mrg files (bring your "

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -19,6 +16,7 @@ from attnmt.data.packing import PackedBatch, fill_rows, pack_epoch
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
 from attnmt.special_tokens import EOS_ID, PAD_ID
+from attnmt.storage import as_path, write_atomic
 
 _FORMAT_VERSION = 1
 _ENCODE_CHUNK = 8192  # pairs per encode_batch call: fast, yet bounded memory
@@ -172,37 +170,31 @@ class TokenizedCorpus:
             out[f"{name}_positions"] = positions
         return out
 
-    def save(self, path: str | Path) -> None:
-        """Writes the corpus to one ``.npz`` file, atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:  # a file object stops numpy appending ".npz"
-                np.savez(
-                    f,
-                    format_version=np.int64(_FORMAT_VERSION),
-                    src_tokens=self._src.tokens,
-                    src_offsets=self._src.offsets,
-                    tgt_tokens=self._tgt.tokens,
-                    tgt_offsets=self._tgt.offsets,
-                    source_indices=self.source_indices,
-                )
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the corpus to one ``.npz`` file (local or in a bucket), atomically."""
+
+        def write(file: IO[bytes]) -> None:  # a file object stops numpy appending ".npz"
+            np.savez(
+                file,
+                format_version=np.int64(_FORMAT_VERSION),
+                src_tokens=self._src.tokens,
+                src_offsets=self._src.offsets,
+                tgt_tokens=self._tgt.tokens,
+                tgt_offsets=self._tgt.offsets,
+                source_indices=self.source_indices,
+            )
+
+        write_atomic(as_path(path, "token cache"), write)
 
     @classmethod
-    def load(cls, path: str | Path) -> TokenizedCorpus:
+    def load(cls, path: str | os.PathLike) -> TokenizedCorpus:
         """Reads a corpus written by ``save``."""
-        path = Path(path)
+        path = as_path(path, "token cache")
         if not path.is_file():
             raise DataError(f"{path}: tokenized corpus not found")
         keys = ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets", "source_indices")
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with path.open("rb") as file, np.load(file, allow_pickle=False) as z:
                 version = int(z["format_version"])
                 arrays = {k: z[k] for k in keys}
         except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as e:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from pathlib import Path
+import os
 
 from attnmt.data import sources
 from attnmt.data.config import DataConfig
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
 from attnmt.data.tokenizer import Tokenizer, train_vocab
+from attnmt.storage import Path, as_path
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,13 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
     )
 
 
-def vocab_path(config: DataConfig, workdir: str | Path) -> Path:
-    return Path(config.vocab_path) if config.vocab_path else Path(workdir) / "vocab.model"
+def vocab_path(config: DataConfig, workdir: str | os.PathLike) -> Path:
+    if config.vocab_path:
+        return as_path(config.vocab_path, "data.vocab_path")
+    return as_path(workdir, "--workdir") / "vocab.model"
 
 
-def ensure_vocab(config: DataConfig, vocab_size: int, workdir: str | Path) -> Tokenizer:
+def ensure_vocab(config: DataConfig, vocab_size: int, workdir: str | os.PathLike) -> Tokenizer:
     """Loads the shared vocabulary, training it on the training split first if absent."""
     path = vocab_path(config, workdir)
     if not path.exists():
@@ -64,7 +67,11 @@ def _file_digest(path: Path) -> str:
 
 
 def tokenized_split(
-    config: DataConfig, tokenizer_path: Path, tokenizer: Tokenizer, split: str, workdir: str | Path
+    config: DataConfig,
+    tokenizer_path: Path,
+    tokenizer: Tokenizer,
+    split: str,
+    workdir: str | os.PathLike,
 ) -> tuple[TokenizedCorpus, FilterStats]:
     """Tokenizes a split once and caches it in <workdir>/data/, keyed by everything that
     changes the result (source, split, languages, vocabulary bytes, max length)."""
@@ -83,7 +90,7 @@ def tokenized_split(
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cache = Path(workdir) / "data" / f"{split}-{digest}.npz"
+    cache = as_path(workdir, "--workdir") / "data" / f"{split}-{digest}.npz"
     stats_file = cache.with_suffix(".stats.json")
     if cache.exists() and stats_file.exists():
         stats = FilterStats(**json.loads(stats_file.read_text()))
@@ -91,7 +98,8 @@ def tokenized_split(
     corpus, stats = TokenizedCorpus.from_pairs(
         load_split(config, split), tokenizer, config.max_length
     )
-    cache.parent.mkdir(parents=True, exist_ok=True)
     corpus.save(cache)
+    # Written after the corpus and whole (one object upload, or one small local write): a
+    # cache is used only when both are there.
     stats_file.write_text(json.dumps(stats.__dict__))
     return corpus, stats

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from etils import epath
+
 from attnmt.errors import DataError
+from attnmt.storage import as_path, is_remote
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 MULTI30K_ENV = "ATTNMT_MULTI30K_DIR"
@@ -32,7 +35,7 @@ _DOWNLOAD_TIMEOUT_S = 60.0
 Pair = tuple[str, str]
 
 
-def _read_lines(path: Path) -> list[str]:
+def _read_lines(path: epath.Path) -> list[str]:
     """Reads one file as strict UTF-8 lines (without line terminators)."""
     if not path.exists():
         raise DataError(f"{path}: file not found")
@@ -40,7 +43,7 @@ def _read_lines(path: Path) -> list[str]:
         raise DataError(f"{path}: not a regular file")
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
+            with path.open("rb") as raw, gzip.GzipFile(fileobj=raw) as f:
                 data = f.read()
         else:
             data = path.read_bytes()
@@ -64,12 +67,13 @@ def _read_lines(path: Path) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def read_parallel_files(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:
-    """Reads two line-aligned files (plain or ``.gz``) into (src, tgt) pairs.
+def read_parallel_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> list[Pair]:
+    """Reads two line-aligned files (plain or ``.gz``, local or in a bucket) into (src, tgt)
+    pairs.
 
     Empty lines are kept; filtering happens when tokenizing.
     """
-    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    src_path, tgt_path = as_path(src_path, "data file"), as_path(tgt_path, "data file")
     src_lines = _read_lines(src_path)
     tgt_lines = _read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
@@ -93,14 +97,16 @@ def _multi30k_split(split: str) -> str:
     return split
 
 
-def _find_local(directory: Path, split: str, lang: str) -> Path | None:
+def _find_local(directory: epath.Path, split: str, lang: str) -> epath.Path | None:
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
         if (directory / name).is_file():
             return directory / name
     return None
 
 
-def _find_pair(directory: Path, split: str, langs: tuple[str, str]) -> tuple[Path, Path] | None:
+def _find_pair(
+    directory: epath.Path, split: str, langs: tuple[str, str]
+) -> tuple[epath.Path, epath.Path] | None:
     # Also look in a "multi30k" subfolder so a general data root (e.g. shared/data) works.
     for d in (directory, directory / "multi30k"):
         found = [_find_local(d, split, lang) for lang in langs]
@@ -139,7 +145,7 @@ def multi30k_recorded_dir(data_dir: str) -> str:
     env_dir = os.environ.get(MULTI30K_ENV)
     if data_dir or not env_dir:
         return data_dir
-    return str(Path(env_dir).expanduser().resolve())
+    return env_dir if is_remote(env_dir) else str(Path(env_dir).expanduser().resolve())
 
 
 def multi30k_pairs(
@@ -170,7 +176,7 @@ def multi30k_pairs(
     env_dir = os.environ.get(MULTI30K_ENV)
     for directory, label in ((data_dir, "data_dir"), (env_dir, MULTI30K_ENV)):
         if directory:
-            found = _find_pair(Path(directory).expanduser(), split, langs)
+            found = _find_pair(as_path(directory, label).expanduser(), split, langs)
             if found is not None:
                 return read_parallel_files(*found)
             searched.append(f"{label}={directory}")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 
 import sentencepiece as spm
 
 from attnmt.errors import DataError
 from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
+from attnmt.storage import Path, as_path, write_bytes_atomic
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -24,7 +22,7 @@ def _nonempty(texts: Iterable[str]) -> Iterator[str]:
 
 def train_vocab(
     texts: Iterable[str],
-    model_path: str | Path,
+    model_path: str | os.PathLike,
     vocab_size: int,
     model_type: str = "bpe",
     character_coverage: float = 1.0,
@@ -38,9 +36,8 @@ def train_vocab(
     same model.
     """
     _check_vocab_request(vocab_size, model_type)
-    model_path = Path(model_path)
+    model_path = as_path(model_path, "vocabulary path")
     vocab_path = model_path.with_suffix(".vocab")
-    model_path.parent.mkdir(parents=True, exist_ok=True)
 
     # Reservoir sampling of input sentences (when there are more than max_sentences)
     # draws from sentencepiece's global generator: seed it so training is reproducible.
@@ -76,8 +73,8 @@ def train_vocab(
         raise _training_error(e, vocab_size, fed) from None
     model_bytes = proto.getvalue()
     # .vocab first: a present .model then means both files are complete.
-    _write_atomic(vocab_path, _vocab_listing(model_bytes).encode("utf-8"))
-    _write_atomic(model_path, model_bytes)
+    write_bytes_atomic(vocab_path, _vocab_listing(model_bytes).encode("utf-8"))
+    write_bytes_atomic(model_path, model_bytes)
     return model_path
 
 
@@ -97,18 +94,6 @@ def _vocab_listing(model_bytes: bytes) -> str:
     return "".join(
         f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
     )
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _training_error(e: RuntimeError, vocab_size: int, fed: int) -> DataError:
@@ -133,13 +118,14 @@ class Tokenizer:
         self._size = processor.get_piece_size()
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
-        """Loads a model written by ``train_vocab``."""
-        path = Path(path)
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        """Loads a model written by ``train_vocab``, from a local file or a bucket."""
+        path = as_path(path, "vocabulary path")
         if not path.is_file():
             raise DataError(f"{path}: sentencepiece model not found")
         try:
-            sp = spm.SentencePieceProcessor(model_file=str(path))
+            # From bytes: sentencepiece opens only local files itself.
+            sp = spm.SentencePieceProcessor(model_proto=path.read_bytes())
         except (RuntimeError, OSError) as e:
             raise DataError(f"{path}: not a readable sentencepiece model ({e})") from None
         ids = (sp.pad_id(), sp.eos_id(), sp.bos_id(), sp.unk_id())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 from attnmt.data.prepare import load_split
 from attnmt.decode.config import DecodeConfig
@@ -18,6 +17,7 @@ from attnmt.evaluate.bleu import (
     tokenized_bleu,
 )
 from attnmt.experiment import Experiment
+from attnmt.storage import Path
 from attnmt.workdir import LoadedRun
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from attnmt.data.parsing import treebank_trees
 from attnmt.data.treebank import Tree, delinearize, to_bracketed, words
 from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
 from attnmt.evaluate.parse_f1 import ParseScores, score_trees
+from attnmt.storage import Path
 from attnmt.workdir import LoadedRun
 
 

@@ -7,7 +7,7 @@ pre-flight → checkpoints → state (restored, or new) → Trainer.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 
 import jax
 
@@ -16,6 +16,7 @@ from attnmt.data.pipeline import BatchIterator
 from attnmt.decode.translate import Translator
 from attnmt.experiment import Experiment
 from attnmt.parallel.mesh import make_mesh
+from attnmt.storage import Path, as_path
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs, prepare_inputs, with_recorded_data_dir
 from attnmt.train.loop import Trainer, TrainResult
@@ -28,14 +29,14 @@ log = logging.getLogger("attnmt.train")
 
 
 def build_trainer(
-    experiment: Experiment, workdir: str | Path, memory_limit_bytes: int | None = None
+    experiment: Experiment, workdir: str | os.PathLike, memory_limit_bytes: int | None = None
 ) -> Trainer:
     """A Trainer for `experiment` in `workdir`, resumed from its newest checkpoint if any.
 
     `memory_limit_bytes` replaces the device's memory figure in the pre-flight check.
     """
     experiment = with_recorded_data_dir(experiment)
-    workdir = Path(workdir)
+    workdir = as_path(workdir, "--workdir")
     mesh = make_mesh(experiment.parallel)
     inputs = prepare_inputs(experiment, workdir, mesh)
     program = build_program(experiment, mesh)
@@ -85,7 +86,7 @@ def _validation(program: TrainProgram, inputs: TrainInputs) -> Validation:
 
 
 def train(
-    experiment: Experiment, workdir: str | Path, memory_limit_bytes: int | None = None
+    experiment: Experiment, workdir: str | os.PathLike, memory_limit_bytes: int | None = None
 ) -> TrainResult:
     """Trains (or resumes) the experiment in `workdir`."""
     return build_trainer(experiment, workdir, memory_limit_bytes).run()

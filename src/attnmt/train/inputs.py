@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import math
-from pathlib import Path
 
 import jax
 from jax.experimental import multihost_utils
@@ -23,6 +22,7 @@ from attnmt.errors import ConfigError, DataError
 from attnmt.experiment import Experiment
 from attnmt.parallel.budget import BatchPlan, plan_batches
 from attnmt.parallel.mesh import DATA, FSDP
+from attnmt.storage import Path
 
 log = logging.getLogger("attnmt.train")
 

@@ -1,10 +1,19 @@
-"""Where metrics go: TensorBoard event files in the workdir, log lines, a progress bar."""
+"""Where metrics go: TensorBoard event files in the workdir, log lines, a progress bar.
+
+For a workdir in a bucket the event files are written to a local staging folder and each
+one is uploaded whole after every flush (and at close). tensorboardX's own `gs://` writer
+would do the same (it re-uploads its whole buffer per flush) but only for gs:// and s3://,
+through another client; staging keeps one path, etils.epath, for every remote scheme, and
+a killed run loses at most the scalars since its last log line.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
-from pathlib import Path
+import tempfile
 
 from rich.progress import (
     BarColumn,
@@ -16,32 +25,48 @@ from rich.progress import (
 )
 from tensorboardX import SummaryWriter
 
+from attnmt.storage import as_path, is_remote, upload_tree
+
 log = logging.getLogger("attnmt.train")
 
 
 class MetricsSink:
     """Writes scalars to `<workdir>/tensorboard/<split>` and a one-line summary to the log."""
 
-    def __init__(self, workdir: str | Path, enabled: bool = True) -> None:
+    def __init__(self, workdir: str | os.PathLike, enabled: bool = True) -> None:
         self.enabled = enabled
         self._writers: dict[str, SummaryWriter] = {}
-        self._root = Path(workdir) / "tensorboard"
+        self._root = as_path(workdir, "--workdir") / "tensorboard"
+        self._stage = None
+        if enabled and is_remote(self._root):
+            self._stage = tempfile.mkdtemp(prefix="attnmt-tensorboard-")
+
+    def _local(self, split: str) -> str:
+        return os.path.join(self._stage, split) if self._stage else os.fspath(self._root / split)
 
     def write(self, split: str, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
         if split not in self._writers:
-            self._writers[split] = SummaryWriter(str(self._root / split))
+            self._writers[split] = SummaryWriter(self._local(split))
         writer = self._writers[split]
         for name, value in scalars.items():
             writer.add_scalar(name, value, step)
         writer.flush()
+        if self._stage:
+            upload_tree(self._local(split), self._root / split)
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in scalars.items())
         log.info("[%s] step %d %s", split, step, shown)
 
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
+        if self._stage:
+            for split in self._writers:
+                upload_tree(self._local(split), self._root / split)
+            shutil.rmtree(self._stage, ignore_errors=True)
+            self._stage = None
+        self._writers = {}
 
 
 def _fmt(value: float) -> str:
