@@ -24,9 +24,9 @@ def causal_mask(length: int) -> jax.Array:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def shift_right(tgt_tokens: jax.Array) -> jax.Array:
-    """Decoder input: BOS followed by the target without its last position."""
-    bos = jnp.full((tgt_tokens.shape[0], 1), BOS_ID, dtype=tgt_tokens.dtype)
+def shift_right(tgt_tokens: jax.Array, start_id: int = BOS_ID) -> jax.Array:
+    """Decoder input: the start token (BOS) followed by the target without its last position."""
+    bos = jnp.full((tgt_tokens.shape[0], 1), start_id, dtype=tgt_tokens.dtype)
     return jnp.concatenate([bos, tgt_tokens[:, :-1]], axis=1)
 
 
@@ -75,6 +75,13 @@ class Transformer(nn.Module):
             self.encoder_norm = layer_norm(cfg)
             self.decoder_norm = layer_norm(cfg)
         self.decode_position = DecodePosition()
+        if cfg.final_logits_bias:
+            self.logits_bias = self.param(
+                "final_logits_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
+                (cfg.vocab_size,),
+                jnp.float32,
+            )
 
     def _embed(
         self, tokens: jax.Array, positions: PositionalEncoding, offset: jax.Array | int, train: bool
@@ -124,7 +131,11 @@ class Transformer(nn.Module):
         else:
             offset = 0
             length = decoder_input.shape[1]
-            self_mask = jnp.logical_and(causal_mask(length), padding_mask(None, decoder_input))
+            self_mask = causal_mask(length)
+            if self.config.decoder_start_id != PAD_ID:
+                # (A pad start token, Marian's, must stay visible; the causal mask alone
+                # hides the padding after a target from every real position anyway.)
+                self_mask = jnp.logical_and(self_mask, padding_mask(None, decoder_input))
         x = self._embed(decoder_input, self.decoder_positions, offset, train)
         if self.config.scan_layers:
             x = self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
@@ -142,10 +153,14 @@ class Transformer(nn.Module):
         if self.config.norm_position == "pre":
             x = self.decoder_norm(x)
         logits = self.embed.attend(x).astype(jnp.float32)
+        if self.config.final_logits_bias:
+            # Fixed, as in Marian (a buffer there): fine-tuning leaves it as imported.
+            logits = logits + jax.lax.stop_gradient(self.logits_bias)
         return constrain(logits, (axes.BATCH, axes.LENGTH, axes.VOCAB))
 
     def __call__(
         self, src_tokens: jax.Array, tgt_tokens: jax.Array, *, train: bool = False
     ) -> jax.Array:
         encoded = self.encode(src_tokens, train=train)
-        return self.decode(encoded, src_tokens, shift_right(tgt_tokens), train=train)
+        decoder_input = shift_right(tgt_tokens, self.config.decoder_start_id)
+        return self.decode(encoded, src_tokens, decoder_input, train=train)
