@@ -91,7 +91,7 @@ def _decode_config(run, args: argparse.Namespace, overrides: Sequence[str]):
     from attnmt.config_types import from_mapping
     from attnmt.decode.config import DecodeConfig
 
-    _only_section_overrides(args.command, overrides, "decode")
+    only_section_overrides(args.command, overrides, "decode")
     config = ml_collections.ConfigDict({"decode": dataclasses.asdict(run.experiment.decode)})
     apply_command_line_overrides(config, overrides)
     values = config.decode.to_dict()
@@ -110,7 +110,7 @@ def _decode_config(run, args: argparse.Namespace, overrides: Sequence[str]):
     return from_mapping(DecodeConfig, values, "decode")
 
 
-def _only_section_overrides(command: str, overrides: Sequence[str], section: str | None) -> None:
+def only_section_overrides(command: str, overrides: Sequence[str], section: str | None) -> None:
     """Refuses `--config.*` overrides a command would otherwise ignore, naming the key."""
     for item in overrides:
         key = item.removeprefix("--config.").partition("=")[0]
@@ -205,7 +205,7 @@ def _cmd_evaluate(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt.checkpoint.average import average_checkpoints
 
-    _only_section_overrides("average", overrides, None)
+    only_section_overrides("average", overrides, None)
 
     result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
     print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
@@ -215,7 +215,7 @@ def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 def _cmd_report(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt import report as report_module
 
-    _only_section_overrides("report", overrides, None)
+    only_section_overrides("report", overrides, None)
     return report_module.run(args)
 
 
@@ -317,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_attention_command(commands)
     add_parse_command(commands)
+    from attnmt.cli.interop import add_interop_commands
+
+    add_interop_commands(commands, local_workdir)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
     _add_decode_arguments(evaluate)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attnmt.data import sources
 from attnmt.data.config import DataConfig
+from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 
@@ -37,12 +38,19 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
 
 
 def vocab_path(config: DataConfig, workdir: str | Path) -> Path:
-    return Path(config.vocab_path) if config.vocab_path else Path(workdir) / "vocab.model"
+    if config.vocab_path:
+        return Path(config.vocab_path)
+    return Path(workdir) / (VOCAB_FILE if config.vocab_kind == "pair" else "vocab.model")
 
 
-def ensure_vocab(config: DataConfig, vocab_size: int, workdir: str | Path) -> Tokenizer:
-    """Loads the shared vocabulary, training it on the training split first if absent."""
+def ensure_vocab(
+    config: DataConfig, vocab_size: int, workdir: str | Path, decoder_start_id: int = 0
+) -> Tokenizer | PairTokenizer:
+    """Loads the shared vocabulary, training it on the training split first if absent (a
+    `pair` vocabulary, whose decoder starts on `decoder_start_id`, is only ever loaded)."""
     path = vocab_path(config, workdir)
+    if config.vocab_kind == "pair":
+        return PairTokenizer(path.parent, decoder_start_id)
     if not path.exists():
         log.info(
             "training a %d-token %s vocabulary at %s", vocab_size, config.vocab_model_type, path
@@ -79,7 +87,7 @@ def tokenized_split(
             config.tgt_lang,
             split,
             config.max_length,
-            _file_digest(tokenizer_path),
+            *map(_file_digest, getattr(tokenizer, "files", (tokenizer_path,))),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -173,6 +173,10 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._sp.encode(list(texts), out_type=int)
 
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target sentences: the shared model encodes both sides alike."""
+        return self.encode_batch(texts)
+
     def _clean(self, ids: Sequence[int]) -> list[int]:
         out = []
         for i in ids:

@@ -59,6 +59,9 @@ class ModelConfig:
     # The decoder's first input. When it equals the pad id (0), as in Marian, the decoder's
     # self-attention masks by causality alone, since its first key is then a pad token.
     decoder_start_id: int = BOS_ID
+    # Hold the pad token's embedding row at zero (never trained): Marian's padding_idx, whose
+    # zero row starts its decoder; CTranslate2 relies on that row being zero.
+    zero_pad_embedding: bool = False
 
     def __post_init__(self) -> None:
         for name in (

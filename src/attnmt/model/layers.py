@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from attnmt import axes
 from attnmt.model.config import ModelConfig
+from attnmt.special_tokens import PAD_ID
 
 # A large finite negative: -inf would turn a fully masked row into NaN.
 _MASKED = -1e9
@@ -48,10 +49,15 @@ class SharedEmbedding(nn.Module):
             jnp.float32,
         )
 
+    def _table(self) -> jax.Array:
+        if self.config.zero_pad_embedding:
+            return self.embedding.at[PAD_ID].set(0.0)  # no gradient reaches that row
+        return self.embedding
+
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, length] int → [batch, length, embed], scaled by √d_model (§3.4)."""
         dtype = compute_dtype(self.config)
-        embedded = jnp.take(self.embedding, tokens, axis=0).astype(dtype)
+        embedded = jnp.take(self._table(), tokens, axis=0).astype(dtype)
         if not self.config.scale_embedding:
             return embedded
         return embedded * jnp.asarray(math.sqrt(self.config.d_model), dtype)
@@ -59,7 +65,7 @@ class SharedEmbedding(nn.Module):
     def attend(self, x: jax.Array) -> jax.Array:
         """Pre-softmax linear layer with the shared matrix: [.., embed] → [.., vocab]."""
         dtype = compute_dtype(self.config)
-        return jnp.einsum("ble,ve->blv", x.astype(dtype), self.embedding.astype(dtype))
+        return jnp.einsum("ble,ve->blv", x.astype(dtype), self._table().astype(dtype))
 
 
 def sinusoids(positions: jax.Array, d_model: int, layout: str = "interleaved") -> jax.Array:
