@@ -183,3 +183,59 @@ def test_unsupported_marian_features_are_refused(hf_dir, tmp_path, capsys, file,
     error = capsys.readouterr().err
     assert key in error and len(error.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_fine_tuning_starts_from_the_imported_model(hf, workdir, tmp_path):
+    import jax
+
+    from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+    from attnmt.experiment import Experiment
+    from attnmt.train.assemble import build_trainer
+    from attnmt.workdir import load_run
+
+    model, tokenizer = hf
+    run = tmp_path / "run"
+    shutil.copytree(workdir, run)
+    pairs = {"train": sentences(EN, 64, seed=11), "dev": sentences(EN, 16, seed=12)}
+    for split, lines in pairs.items():
+        (tmp_path / f"{split}.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.de").write_text(
+            "\n".join(map(translation, lines)) + "\n", encoding="utf-8"
+        )
+    config = load_config_file(f"configs/finetune.py:workdir={run},steps=2")
+    apply_command_line_overrides(
+        config,
+        [
+            f"--config.data.src_path={tmp_path}/{{split}}.{{src}}",
+            f"--config.data.tgt_path={tmp_path}/{{split}}.{{tgt}}",
+            "--config.data.eval_split=dev",
+            "--config.data.tokens_per_batch=512",
+            "--config.data.eval_tokens_per_batch=1024",
+            "--config.data.max_length=64",
+            "--config.train.log_every_steps=1",
+            "--config.train.eval_every_steps=2",
+        ],
+    )
+    trainer = build_trainer(Experiment.from_mapping(config), run)
+    before = trainer.evaluate()
+    # The imported model's own loss on the dev pairs, by Hugging Face (mean token NLL).
+    batch = tokenizer(
+        pairs["dev"],
+        text_target=list(map(translation, pairs["dev"])),
+        return_tensors="pt",
+        padding=True,
+    )
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    with torch.no_grad():
+        reference = float(model(**batch).loss)
+    assert before["tokens"] == int((batch["labels"] >= 0).sum())  # every dev token counted
+    assert before["nll"] == pytest.approx(reference, rel=1e-5)
+    result = trainer.run()
+    assert result.step == 2 and np.isfinite(result.last_train["loss"])
+    tuned, imported = load_run(run).params, load_run(workdir).params
+    assert load_run(run).step == 2
+    changed = jax.tree_util.tree_map(lambda a, b: bool(np.any(a != b)), tuned, imported)
+    assert any(jax.tree_util.tree_leaves(changed))
+    # Held fixed, as Hugging Face holds them: the logits bias and the zero pad row.
+    np.testing.assert_array_equal(tuned["final_logits_bias"], imported["final_logits_bias"])
+    assert not np.any(np.asarray(tuned["embed"]["embedding"][0]))
