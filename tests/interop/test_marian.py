@@ -213,6 +213,8 @@ def test_fine_tuning_starts_from_the_imported_model(hf, workdir, tmp_path):
             "--config.data.eval_tokens_per_batch=1024",
             "--config.data.max_length=64",
             "--config.train.log_every_steps=1",
+            "--config.parallel.num_devices=1",
+            "--config.train.memory_preflight=false",
             "--config.train.eval_every_steps=2",
         ],
     )

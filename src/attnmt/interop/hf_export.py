@@ -24,16 +24,14 @@ from attnmt.interop.marian_config import check_exportable, hf_config
 from attnmt.interop.marian_weights import marian_from_params
 from attnmt.interop.vocab_order import attnmt_ids_in_marian_order
 from attnmt.model import layout
+from attnmt.model.config import ModelConfig
 from attnmt.workdir import LoadedRun, load_run
 
 
-def _copy_sentencepiece(run: LoadedRun, out: Path) -> None:
+def _sentencepiece_files(run: LoadedRun) -> tuple[Path, Path]:
     if run.experiment.data.vocab_kind == "pair":
-        for name in (SOURCE_SPM, TARGET_SPM):
-            shutil.copyfile(run.tokenizer.path.parent / name, out / name)
-        return
-    for name in (SOURCE_SPM, TARGET_SPM):  # one shared model serves both sides
-        shutil.copyfile(run.tokenizer.path, out / name)
+        return (run.tokenizer.path.parent / SOURCE_SPM, run.tokenizer.path.parent / TARGET_SPM)
+    return (run.tokenizer.path, run.tokenizer.path)  # one shared model serves both sides
 
 
 def _generation_config(pad: int, start: int, beams: int) -> dict[str, Any]:
@@ -50,12 +48,11 @@ def _generation_config(pad: int, start: int, beams: int) -> dict[str, Any]:
     }
 
 
-def _tokenizer_config(run: LoadedRun) -> dict[str, Any]:
-    data = run.experiment.data
+def _tokenizer_config(languages: tuple[str, str]) -> dict[str, Any]:
     return {
         "tokenizer_class": "MarianTokenizer",
-        "source_lang": data.src_lang,
-        "target_lang": data.tgt_lang,
+        "source_lang": languages[0],
+        "target_lang": languages[1],
         "eos_token": "</s>",
         "unk_token": "<unk>",
         "pad_token": "<pad>",
@@ -65,30 +62,51 @@ def _tokenizer_config(run: LoadedRun) -> dict[str, Any]:
     }
 
 
-def export_marian(workdir: str | Path, out: str | Path, step: int | None = None) -> Path:
-    """Writes the Hugging Face MarianMT directory of the workdir's newest (or given) step."""
-    run = load_run(workdir, step)
-    model, params = layout.for_decoding(run.experiment.model, run.params)
+def write_marian_dir(
+    out: str | Path,
+    model: ModelConfig,
+    params: Any,
+    pieces: list[str],
+    spm_files: tuple[Path, Path],
+    languages: tuple[str, str] = ("src", "tgt"),
+    beams: int = 4,
+) -> Path:
+    """Writes the MarianMT directory of per-layer `params`; `pieces[a]` is attnmt id a's
+    piece, `spm_files` the source and target sentencepiece models."""
     check_exportable(model)
     size = model.vocab_size
-    if run.tokenizer.vocab_size != size:
+    if len(pieces) != size:
         raise ConfigError(
-            f"cannot export: the vocabulary holds {run.tokenizer.vocab_size} pieces but "
+            f"cannot export: the vocabulary holds {len(pieces)} pieces but "
             f"model.vocab_size is {size} (MarianMTModel needs one id per piece)"
         )
     order = attnmt_ids_in_marian_order(size)  # order[m] = attnmt id of Marian id m
     start = int(np.flatnonzero(order == model.decoder_start_id)[0])
-    pieces = run.tokenizer.pieces(order.tolist())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     host_params = jax.tree_util.tree_map(np.asarray, params)
     write_weights(out / "model.safetensors", marian_from_params(host_params, model, order))
     write_json(out / "config.json", hf_config(model, start))
-    write_json(
-        out / "generation_config.json",
-        _generation_config(size - 1, start, run.experiment.decode.beam_size),
-    )
-    write_json(out / VOCAB_FILE, {piece: m for m, piece in enumerate(pieces)})
-    write_json(out / "tokenizer_config.json", _tokenizer_config(run))
-    _copy_sentencepiece(run, out)
+    write_json(out / "generation_config.json", _generation_config(size - 1, start, beams))
+    write_json(out / VOCAB_FILE, {pieces[a]: m for m, a in enumerate(order.tolist())})
+    write_json(out / "tokenizer_config.json", _tokenizer_config(languages))
+    for name, path in zip((SOURCE_SPM, TARGET_SPM), spm_files, strict=True):
+        shutil.copyfile(path, out / name)
     return out
+
+
+def export_marian(workdir: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Writes the Hugging Face MarianMT directory of the workdir's newest (or given) step."""
+    run = load_run(workdir, step)
+    model, params = layout.for_decoding(run.experiment.model, run.params)
+    data = run.experiment.data
+    pieces = run.tokenizer.pieces(range(run.tokenizer.vocab_size))
+    return write_marian_dir(
+        out,
+        model,
+        params,
+        pieces,
+        _sentencepiece_files(run),
+        (data.src_lang, data.tgt_lang),
+        run.experiment.decode.beam_size,
+    )
