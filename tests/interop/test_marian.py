@@ -241,3 +241,33 @@ def test_fine_tuning_starts_from_the_imported_model(hf, workdir, tmp_path):
     # Held fixed, as Hugging Face holds them: the logits bias and the zero pad row.
     np.testing.assert_array_equal(tuned["final_logits_bias"], imported["final_logits_bias"])
     assert not np.any(np.asarray(tuned["embed"]["embedding"][0]))
+
+
+def test_attention_maps_match_marian(hf, hf_dir, workdir):
+    from attnmt.attention.view import attention_view
+    from attnmt.workdir import load_run
+
+    _, tokenizer = hf
+    # (sdpa, the default, returns no attention weights)
+    model = transformers.MarianMTModel.from_pretrained(hf_dir, attn_implementation="eager")
+    run = load_run(workdir)
+    text, translated = SOURCES[0], translation(SOURCES[0])
+    view = attention_view(run.experiment.model, run.params, run.tokenizer, text, translated)
+    batch = tokenizer([text], text_target=[translated], return_tensors="pt")
+    labels = batch["labels"]
+    assert view.target == tokenizer.convert_ids_to_tokens(labels[0])
+    start = torch.full_like(labels[:, :1], model.config.decoder_start_token_id)
+    with torch.no_grad():
+        out = model(
+            input_ids=batch["input_ids"],
+            decoder_input_ids=torch.cat([start, labels[:, :-1]], dim=1),
+            output_attentions=True,
+        )
+    kinds = {
+        "encoder": out.encoder_attentions,
+        "decoder": out.decoder_attentions,
+        "cross": out.cross_attentions,
+    }
+    for kind, theirs in kinds.items():
+        reference = torch.stack(theirs)[:, 0].numpy()  # [layers, heads, queries, keys]
+        np.testing.assert_allclose(view.weights[kind], reference, atol=1e-5, err_msg=kind)
