@@ -271,3 +271,26 @@ def test_attention_maps_match_marian(hf, hf_dir, workdir):
     for kind, theirs in kinds.items():
         reference = torch.stack(theirs)[:, 0].numpy()  # [layers, heads, queries, keys]
         np.testing.assert_allclose(view.weights[kind], reference, atol=1e-5, err_msg=kind)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({}, "model.positional_layout"),  # the paper's interleaved sinusoids
+        ({"positional_layout": "halves"}, "model.layer_norm_epsilon"),
+        (
+            {"positional_layout": "halves", "layer_norm_epsilon": 1e-5, "norm_position": "pre"},
+            "model.norm_position",
+        ),
+        ({"positional_layout": "halves", "layer_norm_epsilon": 1e-5, "d_k": 32}, "model.d_k"),
+    ],
+)
+def test_export_refuses_what_marian_does_not_compute(change, key):
+    from attnmt.errors import ConfigError
+    from attnmt.interop.marian_config import check_exportable
+    from attnmt.model.config import ModelConfig
+
+    with pytest.raises(ConfigError, match=key):
+        check_exportable(ModelConfig(**change))
+    exportable = {"positional_layout": "halves", "layer_norm_epsilon": 1e-5}
+    check_exportable(ModelConfig(**exportable))  # the paper's sizes otherwise

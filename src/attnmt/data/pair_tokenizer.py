@@ -15,6 +15,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from attnmt.data.tokenizer import SpecialIds
 from attnmt.errors import DataError
 from attnmt.special_tokens import EOS_ID, PAD_ID, UNK_ID
 
@@ -45,7 +46,7 @@ def read_vocab(path: Path) -> dict[str, int]:
     return vocab
 
 
-class PairTokenizer:
+class PairTokenizer(SpecialIds):
     """Encodes source text with the source model and target text with the target model;
     decodes (target) ids up to the first EOS, without pad and the decoder start token."""
 
@@ -55,28 +56,13 @@ class PairTokenizer:
         self.files = (self.path, folder / SOURCE_SPM, folder / TARGET_SPM)
         self._vocab = read_vocab(self.path)
         self._pieces = sorted(self._vocab, key=self._vocab.__getitem__)
+        self._size = len(self._pieces)
         self._source = _load_spm(folder / SOURCE_SPM)
         self._target = _load_spm(folder / TARGET_SPM)
         self._start = decoder_start_id
         for name, i in (("pad", PAD_ID), ("eos", EOS_ID), ("unk", UNK_ID)):
             if i >= len(self._pieces) or self._pieces[i] not in ("<pad>", "</s>", "<unk>"):
                 raise DataError(f"{self.path}: id {i} must be the {name} token")
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
-
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
-    @property
-    def bos_id(self) -> int:
-        return self._start
 
     def _ids(self, pieces: Iterable[str]) -> list[int]:
         return [self._vocab.get(piece, UNK_ID) for piece in pieces]
