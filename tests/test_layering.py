@@ -15,6 +15,8 @@ INFERENCE_MODULES = [
     "attnmt.checkpoint.manager",
     "attnmt.checkpoint.average",
     "attnmt.model.inspect",
+    "attnmt.interop.hf_import",
+    "attnmt.interop.hf_export",
 ]
 ALLOWED = {"attnmt.train", "attnmt.train.config"}  # plain dataclasses, no jax
 

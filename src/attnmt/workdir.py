@@ -12,6 +12,7 @@ from typing import Any
 import jax
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.data.pair_tokenizer import PairTokenizer
 from attnmt.data.prepare import vocab_path
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import CheckpointError
@@ -24,7 +25,7 @@ from attnmt.storage import Path, as_path
 @dataclasses.dataclass(frozen=True)
 class LoadedRun:
     experiment: Experiment
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | PairTokenizer
     params: Any
     step: int
     workdir: Path
@@ -41,6 +42,14 @@ def abstract_params_on_one_device(model: ModelConfig) -> Any:
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
         abstract_params(model),
     )
+
+
+def load_tokenizer(experiment: Experiment, workdir: str | os.PathLike) -> Tokenizer | PairTokenizer:
+    """The run's vocabulary: its shared sentencepiece model, or an imported pair of them."""
+    path = vocab_path(experiment.data, workdir)
+    if experiment.data.vocab_kind == "pair":
+        return PairTokenizer(path.parent, experiment.model.decoder_start_id)
+    return Tokenizer.load(path)
 
 
 def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
@@ -63,5 +72,5 @@ def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
         params = manager.restore_params(chosen, abstract_params_on_one_device(experiment.model))
     finally:
         manager.close()
-    tokenizer = Tokenizer.load(vocab_path(experiment.data, workdir))
+    tokenizer = load_tokenizer(experiment, workdir)
     return LoadedRun(experiment, tokenizer, params, chosen, workdir)

@@ -128,6 +128,6 @@ def test_a_wrong_segment_id_changes_the_logits(setup) -> None:
 def test_each_packed_example_starts_its_decoder_input_with_bos() -> None:
     tgt = jnp.asarray([[5, 6, EOS_ID, 7, EOS_ID, 0]], jnp.int32)
     positions = jnp.asarray([[0, 1, 2, 0, 1, 0]], jnp.int32)
-    shifted = np.asarray(shift_right(tgt, positions))[0]
+    shifted = np.asarray(shift_right(tgt, tgt_positions=positions))[0]
     assert list(shifted[:5]) == [BOS_ID, 5, 6, BOS_ID, 7]
     assert list(np.asarray(shift_right(tgt))[0]) == [BOS_ID, 5, 6, EOS_ID, 7, EOS_ID]

@@ -103,7 +103,8 @@ def attention_view(
     if not text.strip():
         raise ValueError("the source text is empty")
     src_ids = [*tokenizer.encode(text), EOS_ID]
-    tgt_ids = [*tokenizer.encode(translation), EOS_ID]
+    # (The target side's own model, where the vocabulary has one per side.)
+    tgt_ids = [*tokenizer.encode_target_batch([translation])[0], EOS_ID]
     longest = max(len(src_ids), len(tgt_ids))
     if config.positional == "learned" and longest > config.max_length:
         raise ValueError(

@@ -23,7 +23,12 @@ from attnmt.storage import Path, as_path, copy_file
 log = logging.getLogger(__name__)
 
 # Copied next to the averaged checkpoint so the output is a complete workdir.
-WORKDIR_FILES = ("config.json", "vocab.model", "vocab.vocab")
+WORKDIR_FILES = (
+    "config.json",
+    "vocab.model",
+    "vocab.vocab",
+    *("vocab.json", "source.spm", "target.spm"),  # an imported model's (data.vocab_kind=pair)
+)
 
 
 @dataclasses.dataclass(frozen=True)

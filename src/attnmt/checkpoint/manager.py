@@ -157,6 +157,15 @@ class CheckpointManager:
                 f"checkpoint {where} does not match this model (different config?): {shown}{more}"
             )
 
+    def holds_params_only(self, step: int) -> bool:
+        """Whether step `step` saved parameters without any training state (an imported
+        model, attnmt.interop): training starts from them with a fresh optimizer."""
+        try:
+            tree = getattr(self._manager.item_metadata(step).state, "tree", None)
+        except Exception:  # damaged: restore_latest reports it
+            return False
+        return isinstance(tree, dict) and set(tree) == {"params"}
+
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
         """Restores step `step` into the structure/shardings of `abstract_state`.
 

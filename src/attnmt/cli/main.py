@@ -112,7 +112,7 @@ def _decode_config(run, args: argparse.Namespace, overrides: Sequence[str]):
     from attnmt.config_types import from_mapping
     from attnmt.decode.config import DecodeConfig
 
-    _only_section_overrides(args.command, overrides, "decode")
+    only_section_overrides(args.command, overrides, "decode")
     config = ml_collections.ConfigDict({"decode": dataclasses.asdict(run.experiment.decode)})
     apply_command_line_overrides(config, overrides)
     values = config.decode.to_dict()
@@ -131,7 +131,7 @@ def _decode_config(run, args: argparse.Namespace, overrides: Sequence[str]):
     return from_mapping(DecodeConfig, values, "decode")
 
 
-def _only_section_overrides(command: str, overrides: Sequence[str], section: str | None) -> None:
+def only_section_overrides(command: str, overrides: Sequence[str], section: str | None) -> None:
     """Refuses `--config.*` overrides a command would otherwise ignore, naming the key."""
     for item in overrides:
         key = item.removeprefix("--config.").partition("=")[0]
@@ -237,7 +237,7 @@ def _score_and_log(runs: list, split: str, decode, workdir: str, tag: str) -> No
 def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt.checkpoint.average import average_checkpoints
 
-    _only_section_overrides("average", overrides, None)
+    only_section_overrides("average", overrides, None)
 
     result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
     print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
@@ -247,8 +247,19 @@ def _cmd_average(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 def _cmd_report(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     from attnmt import report as report_module
 
-    _only_section_overrides("report", overrides, None)
+    only_section_overrides("report", overrides, None)
     return report_module.run(args)
+
+
+def local_path(value: str) -> str:
+    """argparse type: a local folder only (`attnmt import` / `export` write and read plain
+    files with Hugging Face's and CTranslate2's own code; copy to a bucket afterwards)."""
+    from attnmt.storage import local_only
+
+    try:
+        return local_only(value, "this command's --workdir")
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def storage_path(value: str) -> str:
@@ -348,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_attention_command(commands)
     add_parse_command(commands)
+    from attnmt.cli.interop import add_interop_commands
+
+    add_interop_commands(commands, local_path)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
     _add_decode_arguments(evaluate)

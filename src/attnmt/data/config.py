@@ -25,6 +25,10 @@ class DataConfig:
     eval_split: str = "val"
     test_split: str = "test_2016_flickr"
     vocab_path: str = ""  # "" = <workdir>/vocab.model, trained on first use (model.vocab_size)
+    # "sentencepiece": one model shared by both sides (vocab_path); "pair": vocab.json with
+    # source.spm and target.spm beside it (vocab_path, "" = <workdir>/vocab.json), as an
+    # imported Marian model has them (data/pair_tokenizer.py); never trained here.
+    vocab_kind: Literal["sentencepiece", "pair"] = "sentencepiece"
     vocab_model_type: Literal["bpe", "unigram"] = "bpe"
     vocab_max_sentences: int = 2_000_000
     max_length: int = 256  # tokens incl. EOS; longer training pairs are counted and dropped
@@ -64,6 +68,10 @@ class DataConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
+        if self.vocab_kind not in ("sentencepiece", "pair"):
+            raise ConfigError(
+                f"data.vocab_kind must be 'sentencepiece' or 'pair', got {self.vocab_kind!r}"
+            )
         if self.eval_tokens_per_batch < 0:
             raise ConfigError("data.eval_tokens_per_batch must be ≥ 0")
         if self.packed and self.pack_length < self.max_length:

@@ -95,7 +95,7 @@ class TokenizedCorpus:
         it = iter(pairs)
         while chunk := list(itertools.islice(it, _ENCODE_CHUNK)):
             src_ids = tokenizer.encode_batch([s for s, _ in chunk])
-            tgt_ids = tokenizer.encode_batch([t for _, t in chunk])
+            tgt_ids = tokenizer.encode_target_batch([t for _, t in chunk])
             slen = np.fromiter(map(len, src_ids), np.int64, len(chunk))
             tlen = np.fromiter(map(len, tgt_ids), np.int64, len(chunk))
             is_empty = (slen == 0) | (tlen == 0)

@@ -9,6 +9,7 @@ import os
 
 from attnmt.data import sources
 from attnmt.data.config import DataConfig
+from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.storage import Path, as_path
@@ -40,12 +41,18 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
 def vocab_path(config: DataConfig, workdir: str | os.PathLike) -> Path:
     if config.vocab_path:
         return as_path(config.vocab_path, "data.vocab_path")
-    return as_path(workdir, "--workdir") / "vocab.model"
+    name = VOCAB_FILE if config.vocab_kind == "pair" else "vocab.model"
+    return as_path(workdir, "--workdir") / name
 
 
-def ensure_vocab(config: DataConfig, vocab_size: int, workdir: str | os.PathLike) -> Tokenizer:
-    """Loads the shared vocabulary, training it on the training split first if absent."""
+def ensure_vocab(
+    config: DataConfig, vocab_size: int, workdir: str | os.PathLike, decoder_start_id: int = 0
+) -> Tokenizer | PairTokenizer:
+    """Loads the shared vocabulary, training it on the training split first if absent (a
+    `pair` vocabulary, whose decoder starts on `decoder_start_id`, is only ever loaded)."""
     path = vocab_path(config, workdir)
+    if config.vocab_kind == "pair":
+        return PairTokenizer(path.parent, decoder_start_id)
     if not path.exists():
         log.info(
             "training a %d-token %s vocabulary at %s", vocab_size, config.vocab_model_type, path
@@ -86,7 +93,7 @@ def tokenized_split(
             config.tgt_lang,
             split,
             config.max_length,
-            _file_digest(tokenizer_path),
+            *map(_file_digest, getattr(tokenizer, "files", (tokenizer_path,))),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -109,7 +109,31 @@ def _training_error(e: RuntimeError, vocab_size: int, fed: int) -> DataError:
     return DataError(f"sentencepiece training failed: {message}")
 
 
-class Tokenizer:
+class SpecialIds:
+    """The ids every tokenizer reports; `_size` and `_start` are set by the subclass."""
+
+    _size: int
+    _start: int = BOS_ID
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def bos_id(self) -> int:
+        """The decoder's start token."""
+        return self._start
+
+
+class Tokenizer(SpecialIds):
     """Encodes text to ids (without EOS) and decodes ids back, stopping at EOS."""
 
     def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None) -> None:
@@ -136,28 +160,16 @@ class Tokenizer:
             )
         return cls(sp, path)
 
-    @property
-    def vocab_size(self) -> int:
-        return self._size
-
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
-    @property
-    def bos_id(self) -> int:
-        return BOS_ID
-
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without EOS."""
         return self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._sp.encode(list(texts), out_type=int)
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target sentences: the shared model encodes both sides alike."""
+        return self.encode_batch(texts)
 
     def _clean(self, ids: Sequence[int]) -> list[int]:
         out = []

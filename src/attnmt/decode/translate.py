@@ -42,7 +42,7 @@ def _step_fn(
     cross-attention keys/values stay outside the carried cache, as loop constants.
     """
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
-    start = jnp.full((src_tokens.shape[0], 1), BOS_ID, jnp.int32)
+    start = jnp.full((src_tokens.shape[0], 1), model.config.decoder_start_id, jnp.int32)
     _, variables = model.apply(
         {"params": params},
         encoded,
@@ -173,6 +173,7 @@ def decode_batch(
         max_decode_len=max_decode_len,
         sampling=sampling,
         row_keys=row_keys,
+        bos_id=configs[0].decoder_start_id,
     )
 
 
@@ -187,10 +188,12 @@ def best_sequences(
     max_decode_len: int,
     sampling: tuple[float, int] | None = None,
     row_keys: jax.Array | None = None,
+    bos_id: int = BOS_ID,
 ) -> jax.Array:
     """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
     beam 1, beam search otherwise; or a sample per sentence given `sampling` =
-    (temperature, top_k) and a key per row. `max_lengths` [batch] bounds each output."""
+    (temperature, top_k) and a key per row. `max_lengths` [batch] bounds each output.
+    `bos_id` is the decoder's start token (model.decoder_start_id), never emitted."""
     batch = max_lengths.shape[0]
     if sampling is not None:
         temperature, top_k = sampling
@@ -204,6 +207,7 @@ def best_sequences(
             top_k=top_k,
             max_lengths=max_lengths,
             cache_growth=growth,
+            bos_id=bos_id,
         )
         return sequences
     if beam_size == 1:
@@ -214,6 +218,7 @@ def best_sequences(
             max_decode_len=max_decode_len,
             max_lengths=max_lengths,
             cache_growth=growth,
+            bos_id=bos_id,
         )
         return sequences
     sequences, _ = search.beam_search(
@@ -225,6 +230,7 @@ def best_sequences(
         alpha=alpha,
         max_lengths=max_lengths,
         cache_growth=growth,
+        bos_id=bos_id,
     )
     return sequences[:, 0]
 

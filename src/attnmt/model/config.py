@@ -8,11 +8,13 @@ from typing import Any, Literal
 
 from attnmt.config_types import from_mapping
 from attnmt.errors import ConfigError
-from attnmt.special_tokens import NUM_SPECIAL_TOKENS
+from attnmt.special_tokens import BOS_ID, NUM_SPECIAL_TOKENS
 
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]
 NormPosition = Literal["post", "pre"]
+PositionalLayout = Literal["interleaved", "halves"]
+Activation = Literal["relu", "swish", "gelu"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,22 @@ class ModelConfig:
     # and compiled once per stack instead of once per layer. Same function and parameter
     # count; decoding converts to the per-layer layout (attnmt.model.layout).
     scan_layers: bool = False
+    # Options that let an imported Marian (Hugging Face opus-mt) model compute exactly what it
+    # computed there (attnmt.interop); the defaults are the paper's model.
+    # "interleaved": §3.5's sin/cos alternate by dimension; "halves": all sines, then all
+    # cosines of the same frequencies (Marian's layout).
+    positional_layout: PositionalLayout = "interleaved"
+    activation: Activation = "relu"  # the FFN's non-linearity: §3.3 ReLU; opus-mt uses swish
+    scale_embedding: bool = True  # §3.4 multiplies embeddings by √d_model
+    attention_bias: bool = False  # biases on the Q, K, V and output projections
+    final_logits_bias: bool = False  # a fixed (never trained) bias added to the logits
+    layer_norm_epsilon: float = 1e-6
+    # The decoder's first input. When it equals the pad id (0), as in Marian, the decoder's
+    # self-attention masks by causality alone, since its first key is then a pad token.
+    decoder_start_id: int = BOS_ID
+    # Hold the pad token's embedding row at zero (never trained): Marian's padding_idx, whose
+    # zero row starts its decoder; CTranslate2 relies on that row being zero.
+    zero_pad_embedding: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -76,12 +94,34 @@ class ModelConfig:
             raise ConfigError(
                 f"model.norm_position must be 'post' or 'pre', got {self.norm_position!r}"
             )
+        self._check_interop_options()
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if not self.share_embeddings:
             raise ConfigError(
                 "model.share_embeddings=False is not supported: the paper ties source, target "
                 "and output embeddings over one shared vocabulary"
+            )
+
+    def _check_interop_options(self) -> None:
+        choices = (
+            ("positional_layout", ("interleaved", "halves")),
+            ("activation", ("relu", "swish", "gelu")),
+        )
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
+            raise ConfigError(
+                f"model.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon!r}"
+            )
+        start = self.decoder_start_id
+        is_int = isinstance(start, int) and not isinstance(start, bool)
+        if not is_int or not 0 <= start < self.vocab_size:
+            raise ConfigError(
+                f"model.decoder_start_id must be an id below model.vocab_size, got {start!r}"
             )
 
     @classmethod

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from attnmt import axes
 from attnmt.model.config import ModelConfig
+from attnmt.special_tokens import PAD_ID
 
 # A large finite negative: -inf would turn a fully masked row into NaN.
 _MASKED = -1e9
@@ -48,26 +49,37 @@ class SharedEmbedding(nn.Module):
             jnp.float32,
         )
 
+    def _table(self) -> jax.Array:
+        if self.config.zero_pad_embedding:
+            return self.embedding.at[PAD_ID].set(0.0)  # no gradient reaches that row
+        return self.embedding
+
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[batch, length] int → [batch, length, embed], scaled by √d_model (§3.4)."""
         dtype = compute_dtype(self.config)
-        embedded = jnp.take(self.embedding, tokens, axis=0).astype(dtype)
+        embedded = jnp.take(self._table(), tokens, axis=0).astype(dtype)
+        if not self.config.scale_embedding:
+            return embedded
         return embedded * jnp.asarray(math.sqrt(self.config.d_model), dtype)
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Pre-softmax linear layer with the shared matrix: [.., embed] → [.., vocab]."""
         dtype = compute_dtype(self.config)
-        return jnp.einsum("ble,ve->blv", x.astype(dtype), self.embedding.astype(dtype))
+        return jnp.einsum("ble,ve->blv", x.astype(dtype), self._table().astype(dtype))
 
 
-def sinusoids(positions: jax.Array, d_model: int) -> jax.Array:
+def sinusoids(positions: jax.Array, d_model: int, layout: str = "interleaved") -> jax.Array:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same).
 
     Computed for the requested positions only, so decoding can run to any length.
-    positions [length] → [length, d_model] float32.
+    positions [length] → [length, d_model] float32. `layout="halves"` puts every sine
+    first and the cosines of the same frequencies after them (Marian's order).
     """
     two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
     angles = positions.astype(jnp.float32)[:, None] / jnp.power(10000.0, two_i / d_model)
+    if layout == "halves":
+        # An odd d_model has one more sine than cosine, as in Marian.
+        return jnp.concatenate([jnp.sin(angles), jnp.cos(angles[:, : d_model // 2])], axis=-1)
     interleaved = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
     return interleaved.reshape(positions.shape[0], -1)[:, :d_model]
 
@@ -96,10 +108,12 @@ class PositionalEncoding(nn.Module):
                 return x + jnp.take(table, positions, axis=0).astype(x.dtype)
             encoding = jax.lax.dynamic_slice_in_dim(table, offset, length, axis=0)
         elif positions is not None:
-            encoding = sinusoids(positions.reshape(-1), d_model).reshape(batch, length, d_model)
-            return x + encoding.astype(x.dtype)
+            flat = sinusoids(positions.reshape(-1), d_model, self.config.positional_layout)
+            return x + flat.reshape(batch, length, d_model).astype(x.dtype)
         else:
-            encoding = sinusoids(offset + jnp.arange(length), d_model)
+            encoding = sinusoids(
+                offset + jnp.arange(length), d_model, self.config.positional_layout
+            )
         return x + encoding[None].astype(x.dtype)
 
 
@@ -134,6 +148,7 @@ class HeadProjection(nn.Module):
     equation: str
     fan_in_axes: tuple[int, ...]
     dtype: jnp.dtype = jnp.float32
+    use_bias: bool = False  # a bias over the output axes (model.attention_bias)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -142,7 +157,17 @@ class HeadProjection(nn.Module):
         kernel = self.param(
             "kernel", _partitioned(init, self.names), self.kernel_shape, jnp.float32
         )
-        return jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype))
+        if not self.use_bias:
+            return y
+        out_names = tuple(self.names[i] for i in fan_out_axes)
+        bias = self.param(
+            "bias",
+            _partitioned(nn.initializers.zeros, out_names),
+            tuple(self.kernel_shape[i] for i in fan_out_axes),
+            jnp.float32,
+        )
+        return y + bias.astype(self.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -167,6 +192,7 @@ class MultiHeadAttention(nn.Module):
             equation="ble,ehd->blhd",
             fan_in_axes=(0,),
             dtype=compute_dtype(cfg),
+            use_bias=cfg.attention_bias,
             name=name,
         )(x)
 
@@ -215,6 +241,7 @@ class MultiHeadAttention(nn.Module):
             equation="blhd,hde->ble",
             fan_in_axes=(0, 1),
             dtype=compute_dtype(cfg),
+            use_bias=cfg.attention_bias,
             name="out",
         )(heads)
         return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))
@@ -271,8 +298,15 @@ def _heads_major(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 1, 2)
 
 
+_ACTIVATIONS = {
+    "relu": nn.relu,
+    "swish": nn.swish,  # x·σ(x), which Hugging Face also calls silu
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+}
+
+
 class FeedForward(nn.Module):
-    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2 (`model.activation` replaces the max)."""
 
     config: ModelConfig
 
@@ -288,7 +322,8 @@ class FeedForward(nn.Module):
             bias_init=_partitioned(nn.initializers.zeros, (axes.MLP,)),
             name="wi",
         )(x)
-        hidden = constrain(nn.relu(hidden), (axes.BATCH, axes.LENGTH, axes.MLP))
+        hidden = _ACTIVATIONS[cfg.activation](hidden)
+        hidden = constrain(hidden, (axes.BATCH, axes.LENGTH, axes.MLP))
         output = nn.Dense(
             cfg.d_model,
             dtype=dtype,
@@ -302,7 +337,7 @@ class FeedForward(nn.Module):
 
 def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(
-        epsilon=1e-6,
+        epsilon=config.layer_norm_epsilon,
         dtype=compute_dtype(config),
         param_dtype=jnp.float32,
         scale_init=_partitioned(nn.initializers.ones, (axes.EMBED,)),

@@ -31,14 +31,16 @@ def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Arra
     return jnp.logical_and(same, (key_segments > 0)[:, None, None, :])
 
 
-def shift_right(tgt_tokens: jax.Array, tgt_positions: jax.Array | None = None) -> jax.Array:
-    """Decoder input: BOS followed by the target without its last position. In a packed
-    row every example starts with its own BOS (where its position is 0)."""
-    bos = jnp.full((tgt_tokens.shape[0], 1), BOS_ID, dtype=tgt_tokens.dtype)
+def shift_right(
+    tgt_tokens: jax.Array, start_id: int = BOS_ID, tgt_positions: jax.Array | None = None
+) -> jax.Array:
+    """Decoder input: the start token (BOS) followed by the target without its last
+    position. In a packed row every example starts with its own (where its position is 0)."""
+    bos = jnp.full((tgt_tokens.shape[0], 1), start_id, dtype=tgt_tokens.dtype)
     shifted = jnp.concatenate([bos, tgt_tokens[:, :-1]], axis=1)
     if tgt_positions is None:
         return shifted
-    return jnp.where(tgt_positions == 0, BOS_ID, shifted).astype(tgt_tokens.dtype)
+    return jnp.where(tgt_positions == 0, start_id, shifted).astype(tgt_tokens.dtype)
 
 
 class DecodePosition(nn.Module):
@@ -88,6 +90,13 @@ class Transformer(nn.Module):
             self.encoder_norm = layer_norm(cfg)
             self.decoder_norm = layer_norm(cfg)
         self.decode_position = DecodePosition()
+        if cfg.final_logits_bias:
+            self.logits_bias = self.param(
+                "final_logits_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (axes.VOCAB,)),
+                (cfg.vocab_size,),
+                jnp.float32,
+            )
 
     def _embed(
         self,
@@ -159,12 +168,13 @@ class Transformer(nn.Module):
         else:
             offset = 0
             length = decoder_input.shape[1]
-            keys = (
-                segment_mask(tgt_segments, tgt_segments)
-                if packed
-                else padding_mask(None, decoder_input)
-            )
-            self_mask = jnp.logical_and(causal_mask(length), keys)
+            self_mask = causal_mask(length)
+            if packed:
+                self_mask = jnp.logical_and(self_mask, segment_mask(tgt_segments, tgt_segments))
+            elif self.config.decoder_start_id != PAD_ID:
+                # (A pad start token, Marian's, must stay visible; the causal mask alone
+                # hides the padding after a target from every real position anyway.)
+                self_mask = jnp.logical_and(self_mask, padding_mask(None, decoder_input))
         x = self._embed(decoder_input, self.decoder_positions, offset, train, tgt_positions)
         if self.config.scan_layers:
             x = self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
@@ -182,6 +192,9 @@ class Transformer(nn.Module):
         if self.config.norm_position == "pre":
             x = self.decoder_norm(x)
         logits = self.embed.attend(x).astype(jnp.float32)
+        if self.config.final_logits_bias:
+            # Fixed, as in Marian (a buffer there): fine-tuning leaves it as imported.
+            logits = logits + jax.lax.stop_gradient(self.logits_bias)
         return constrain(logits, (axes.BATCH, axes.LENGTH, axes.VOCAB))
 
     def __call__(
@@ -200,10 +213,11 @@ class Transformer(nn.Module):
         encoded = self.encode(
             src_tokens, train=train, src_segments=src_segments, src_positions=src_positions
         )
+        decoder_input = shift_right(tgt_tokens, self.config.decoder_start_id, tgt_positions)
         return self.decode(
             encoded,
             src_tokens,
-            shift_right(tgt_tokens, tgt_positions),
+            decoder_input,
             train=train,
             src_segments=src_segments,
             tgt_segments=tgt_segments,

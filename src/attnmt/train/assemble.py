@@ -65,6 +65,13 @@ def _initial_state(
     train_batches: BatchIterator,
     workdir: Path,
 ) -> steps.TrainState:
+    latest = checkpoints.latest_step()
+    if latest is not None and checkpoints.holds_params_only(latest):
+        # An imported model (attnmt import): its parameters, a new optimizer, step 0 and
+        # the data from the start; later checkpoints then hold the whole state.
+        params = checkpoints.restore_params(latest, program.abstract_state.params)
+        log.info("fine-tuning the parameters of step %d in %s", latest, workdir)
+        return program.init_state().replace(params=params)
     restored = checkpoints.restore_latest(program.abstract_state)
     if restored is None:
         log.info("starting a new run in %s", workdir)

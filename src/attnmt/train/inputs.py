@@ -52,12 +52,13 @@ def _run_files(experiment: Experiment, workdir: Path) -> Tokenizer:
     """config.json and the vocabulary in `workdir`: written by process 0, read by all."""
     workdir.mkdir(parents=True, exist_ok=True)
     data, vocab_size = experiment.data, experiment.model.vocab_size
+    start = experiment.model.decoder_start_id
     if jax.process_index() == 0:
         (workdir / "config.json").write_text(json.dumps(experiment.to_dict(), indent=2))
-        ensure_vocab(data, vocab_size, workdir)
+        ensure_vocab(data, vocab_size, workdir, start)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("attnmt vocabulary ready")
-    tokenizer = ensure_vocab(data, vocab_size, workdir)
+    tokenizer = ensure_vocab(data, vocab_size, workdir, start)
     if tokenizer.vocab_size > vocab_size:
         raise ConfigError(
             f"the vocabulary at {vocab_path(data, workdir)} has {tokenizer.vocab_size} "

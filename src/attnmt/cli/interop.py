@@ -1,0 +1,59 @@
+"""`attnmt import` and `attnmt export`: Hugging Face Marian models and CTranslate2."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def _cmd_import(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt.cli.main import only_section_overrides
+    from attnmt.interop.hf_import import import_marian
+
+    only_section_overrides("import", overrides, None)
+    experiment = import_marian(args.hf_dir, args.workdir)
+    model = experiment.model
+    print(
+        f"imported {args.hf_dir} into {args.workdir}: {model.num_layers} layers, d_model "
+        f"{model.d_model}, {model.vocab_size} pieces, {model.activation}"
+    )
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+    from attnmt.cli.main import only_section_overrides
+
+    only_section_overrides("export", overrides, None)
+    if args.format == "hf":
+        from attnmt.interop.hf_export import export_marian
+
+        if args.quantization is not None:
+            from attnmt.errors import ConfigError
+
+            raise ConfigError("--quantization applies to --format ctranslate2 only")
+        out = export_marian(args.workdir, args.out, args.step)
+    else:
+        from attnmt.interop.ctranslate2 import export_ctranslate2
+
+        out = export_ctranslate2(args.workdir, args.out, args.quantization or "float32", args.step)
+    print(f"exported {args.workdir} as {args.format} to {out}")
+    return 0
+
+
+def add_interop_commands(commands: argparse._SubParsersAction, workdir_type) -> None:
+    imp = commands.add_parser(
+        "import", help="a Hugging Face MarianMT directory (save_pretrained) → a workdir"
+    )
+    imp.add_argument("hf_dir", help="folder with config.json, weights, vocab.json, *.spm")
+    imp.add_argument("--workdir", required=True, type=workdir_type)
+    imp.set_defaults(handler=_cmd_import)
+
+    exp = commands.add_parser("export", help="a workdir's model for Hugging Face or CTranslate2")
+    exp.add_argument("--workdir", required=True, type=workdir_type)
+    exp.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
+    exp.add_argument("--format", required=True, choices=("hf", "ctranslate2"))
+    exp.add_argument("--out", required=True, help="output folder")
+    exp.add_argument(
+        "--quantization", default=None, help="ctranslate2 only: float32 (default), int8, …"
+    )
+    exp.set_defaults(handler=_cmd_export)
