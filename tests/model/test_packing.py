@@ -15,23 +15,12 @@ import pytest
 from attnmt.batch_keys import packing_arguments
 from attnmt.data.packing import pack_examples
 from attnmt.data.pipeline import TokenizedCorpus
-from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer, shift_right
 from attnmt.special_tokens import BOS_ID, EOS_ID
 from attnmt.train.loss import loss_sums
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL
+from tests.model.test_transformer import CONFIG  # the same tiny model (dropout off)
 
-CONFIG = ModelConfig(
-    vocab_size=24,
-    d_model=16,
-    d_ff=32,
-    num_heads=2,
-    d_k=8,
-    d_v=6,
-    num_layers=2,
-    dropout_rate=0.0,
-    max_length=64,
-)
 ROW_LENGTH = 16
 
 
