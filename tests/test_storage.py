@@ -42,7 +42,8 @@ EXIT_PREEMPTED = 143
 
 
 def emulator_env(url: str) -> dict[str, str]:
-    """The variables that point every client of a run at the emulator (README_gcs.md)."""
+    """The variables that point every client of a run at the emulator (README: "Workdirs in
+    a bucket")."""
     return {
         "STORAGE_EMULATOR_HOST": url,  # gcsfs (and google-cloud-storage)
         "FSSPEC_GCS_TOKEN": "anon",  # gcsfs: no credential search
