@@ -91,3 +91,26 @@ def test_load_errors(tmp_path: Path) -> None:
     )
     with pytest.raises(DataError, match="special ids"):
         Tokenizer.load(tmp_path / "other.model")
+
+
+def test_whole_words_stay_one_piece_each(tmp_path: Path) -> None:
+    """A parsing target's brackets are one piece each, however the rest is split, and the
+    tokenizer names them; text with them still decodes to itself."""
+    from attnmt.data.prepare import tree_symbols
+
+    pairs = [
+        ("the cat sat", "(S (NP XX XX )NP (VP XX )VP )S"),
+        ("dogs run fast", "(S (NP XX )NP (VP XX (ADVP XX )ADVP )VP )S"),
+    ] * 40
+    symbols = tree_symbols(pairs)
+    assert symbols == sorted(["(S", ")S", "(NP", ")NP", "(VP", ")VP", "(ADVP", ")ADVP", "XX"])
+    texts = [text for pair in pairs for text in pair]
+    tokenizer = Tokenizer.load(train_vocab(texts, tmp_path / "v.model", 60, whole_words=symbols))
+    tree = "(S (NP XX )NP (VP XX (ADVP XX )ADVP )VP )S"
+    ids = tokenizer.encode(tree)
+    assert len(ids) == len(tree.split())
+    named = tokenizer.whole_words()
+    assert [named[i] for i in ids] == tree.split()
+    assert sorted(named.values()) == symbols
+    assert tokenizer.decode(ids) == tree
+    assert tokenizer.decode(tokenizer.encode("the cat sat")) == "the cat sat"

@@ -10,9 +10,13 @@ from attnmt.cli.config_file import load_config_file
 from attnmt.cli.main import main
 from attnmt.data.parsing import parse_splits, treebank_pairs, treebank_trees
 from attnmt.data.treebank import parse_bracketed, to_bracketed, words
+from attnmt.decode.config import DecodeConfig
+from attnmt.decode.parsing import parsing_translator
 from attnmt.errors import ConfigError, DataError
 from attnmt.evaluate.parse_f1 import score_trees
 from attnmt.experiment import Experiment
+from attnmt.workdir import load_run
+from tests.decode.test_tree_grammar import is_tree
 from tests.launch.helpers import TINY_MODEL
 from tests.test_config import CONFIGS
 
@@ -82,6 +86,17 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, ca
     gold = treebank_trees("dev", str(ptb_dir), "train=1-30,dev=160-161")
     parsed = [parse_bracketed(line) for line in written.splitlines()]
     assert f"{score_trees(gold, parsed).f1:.2f}" in out
+
+    # Under the tree grammar (the default) the model's raw outputs are already trees with
+    # one leaf per word, for the untrained model too, by beam search and greedily.
+    run = load_run(workdir)
+    sentences = [" ".join(words(tree)) for tree in gold]
+    for beam in (1, 3):
+        translator = parsing_translator(run, DecodeConfig(beam_size=beam, max_len_offset=20))
+        for sentence, output in zip(sentences, translator.translate(sentences), strict=True):
+            tokens = tuple(output.split())
+            assert is_tree(tokens, len(sentence.split())), (sentence, output)
+            assert {t for t in tokens if t[0] not in "()"} == {"XX"}
 
     lines = ["The cat sat on the mat .", "", "( odd ) tokens ( (", "a " * 40, "single"]
     source = tmp_path / "in.txt"

@@ -37,13 +37,10 @@ def _parsing_run(args: argparse.Namespace):
 
 
 def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from attnmt.decode.parsing import bracketed_lines, parse_sentences
-    from attnmt.decode.translate import Translator
+    from attnmt.decode.parsing import bracketed_lines, parse_sentences, parsing_translator
 
     run = _parsing_run(args)
-    translator = Translator(
-        [run.experiment.model], [run.params], run.tokenizer, _decode_config(run, args, overrides)
-    )
+    translator = parsing_translator(run, _decode_config(run, args, overrides))
     try:
         source = (
             as_path(args.input, "--input").read_bytes() if args.input else sys.stdin.buffer.read()

@@ -45,6 +45,12 @@ def vocab_path(config: DataConfig, workdir: str | os.PathLike) -> Path:
     return as_path(workdir, "--workdir") / name
 
 
+def tree_symbols(pairs: list[tuple[str, str]]) -> list[str]:
+    """Every token of the linearized trees (brackets and POS tokens), each to be one piece:
+    a constrained decoder (attnmt.decode.tree_grammar) steps through trees token by token."""
+    return sorted({token for _, tree in pairs for token in tree.split()})
+
+
 def ensure_vocab(
     config: DataConfig, vocab_size: int, workdir: str | os.PathLike, decoder_start_id: int = 0
 ) -> Tokenizer | PairTokenizer:
@@ -65,6 +71,7 @@ def ensure_vocab(
             vocab_size=vocab_size,
             model_type=config.vocab_model_type,
             max_sentences=config.vocab_max_sentences,
+            whole_words=tree_symbols(pairs) if config.source == "treebank" else (),
         )
     return Tokenizer.load(path)
 

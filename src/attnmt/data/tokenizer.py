@@ -8,10 +8,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from attnmt.errors import DataError
 from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 from attnmt.storage import Path, as_path, write_bytes_atomic
+
+WORD_START = "\u2581"  # sentencepiece's mark for a piece that begins a word
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -28,12 +31,14 @@ def train_vocab(
     character_coverage: float = 1.0,
     max_sentences: int = 10_000_000,
     seed: int = 0,
+    whole_words: Sequence[str] = (),
 ) -> Path:
     """Trains one shared sentencepiece model on ``texts`` and writes it to ``model_path``.
 
-    Pass source and target sentences interleaved. Writes ``model_path`` and the matching
-    ``.vocab`` file atomically; returns ``model_path``. The same input and seed give the
-    same model.
+    Pass source and target sentences interleaved. ``whole_words``: space-delimited words
+    that must each stay one piece (a parsing target's brackets and ``XX``). Writes
+    ``model_path`` and the matching ``.vocab`` file atomically; returns ``model_path``.
+    The same input and seed give the same model.
     """
     _check_vocab_request(vocab_size, model_type)
     model_path = as_path(model_path, "vocabulary path")
@@ -67,6 +72,9 @@ def train_vocab(
             eos_id=EOS_ID,
             bos_id=BOS_ID,
             unk_id=UNK_ID,
+            # With the word-start mark: a bare `(NP` symbol would leave `▁` as a piece of
+            # its own before every bracket, doubling the target's length.
+            user_defined_symbols=[WORD_START + word for word in whole_words],
             minloglevel=2,
         )
     except RuntimeError as e:
@@ -189,6 +197,16 @@ class Tokenizer(SpecialIds):
 
     def decode_batch(self, batch: Iterable[Sequence[int]]) -> list[str]:
         return self._sp.decode([self._clean(ids) for ids in batch])
+
+    def whole_words(self) -> dict[int, str]:
+        """id → word of each piece trained as ``whole_words`` (without the word-start mark)."""
+        model = sentencepiece_model_pb2.ModelProto.FromString(self._sp.serialized_model_proto())
+        user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+        return {
+            i: piece.piece.removeprefix(WORD_START)
+            for i, piece in enumerate(model.pieces)
+            if piece.type == user_defined
+        }
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary piece of each id (for labelling attention maps)."""

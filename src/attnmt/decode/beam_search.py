@@ -51,6 +51,9 @@ from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+# (prefixes [batch, k, max_decode_len], step) -> bool [batch, k, vocab]: the tokens that may
+# not come next (e.g. attnmt.decode.tree_grammar); positions ≥ step of a prefix are unset.
+TokenConstraint = Callable[[jax.Array, jax.Array], jax.Array]
 
 NEG_INF = float("-inf")
 
@@ -284,12 +287,15 @@ def _beam_step(
     row_max: jax.Array,
     alpha: jax.Array,
     ids: tuple[int, int, int],
+    constraint: TokenConstraint | None,
 ) -> _BeamState:
     batch, beam_size, _ = state.live_seqs.shape
     logits, cache = tokens_to_logits(state.last_tok.reshape(batch * beam_size, 1), state.cache)
     row_max_rows = jnp.repeat(row_max, beam_size)  # [batch * beam]
     logp = _step_log_probs(logits, state.step, row_max_rows, ids)
     logp = logp.reshape(batch, beam_size, -1)  # [batch, beam, vocab]
+    if constraint is not None:
+        logp = jnp.where(constraint(state.live_seqs, state.step), NEG_INF, logp)
     cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
     cand_is_eos = cand_seqs[:, :, state.step] == ids[0]  # [batch, 2K]
     fin_seqs, fin_scores = _select_finished(state, cand_logp, cand_seqs, cand_is_eos, alpha)
@@ -321,6 +327,7 @@ def beam_search(
     pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty and exact early stopping.
 
@@ -336,6 +343,8 @@ def beam_search(
     sentence is done when no live beam can beat its worst finished hypothesis (bound: live
     log-prob / the largest reachable length penalty); the loop stops when all sentences are done
     or after ``max_decode_len`` steps. ``cache_growth``: see :class:`CacheGrowth`.
+    ``constraint`` bans tokens per beam and step (:data:`TokenConstraint`); the log-probabilities
+    of the tokens left are not renormalised.
 
     Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
     float32 ``[batch, beam]``. Slots for which no hypothesis exists (tiny search spaces) have
@@ -362,7 +371,7 @@ def beam_search(
     )
 
     def body(s: _BeamState) -> _BeamState:
-        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id))
+        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id), constraint)
 
     final = _run_until_done(state, body, capacities, cache_growth)
     empty = jnp.isneginf(final.fin_scores)[:, :, None]  # [batch, beam, 1]
@@ -390,6 +399,7 @@ def _single_path_decode(
     ids: tuple[int, int, int],
     max_lengths: jax.Array | None,
     cache_growth: CacheGrowth | None,
+    constraint: TokenConstraint | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One hypothesis per row; ``choose(log_probs [batch, vocab], step) -> tokens [batch]``."""
     (batch_size, max_decode_len), (eos_id, bos_id, pad_id) = sizes, ids
@@ -408,6 +418,8 @@ def _single_path_decode(
     def body(s: _SingleState) -> _SingleState:
         logits, new_cache = tokens_to_logits(s.last_tok[:, None], s.cache)
         logp = _step_log_probs(logits, s.step, row_max, ids)  # [batch, vocab]
+        if constraint is not None:
+            logp = jnp.where(constraint(s.seqs[:, None], s.step)[:, 0], NEG_INF, logp)
         tok = choose(logp, s.step).astype(jnp.int32)  # [batch]
         tok = jnp.where(s.done, pad_id, tok)  # finished rows only pad
         tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]  # [batch]
@@ -430,13 +442,14 @@ def greedy_search(
     pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Greedy (argmax) decoding; stops as soon as every row has emitted EOS.
 
     ``cache`` has ``batch_size`` rows. Returns ``sequences`` int32 ``[batch, max_decode_len]``
     (EOS included, ``pad_id`` after it) and ``log_probs`` float32 ``[batch]``: the model's
     log-probability of the sequence, without length penalty. Length limits and
-    ``cache_growth`` as in beam search.
+    ``cache_growth`` and ``constraint`` as in beam search.
     """
 
     def choose(logp: jax.Array, step: jax.Array) -> jax.Array:
@@ -444,7 +457,7 @@ def greedy_search(
 
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
     return _single_path_decode(
-        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
+        tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth, constraint
     )
 
 

@@ -28,6 +28,9 @@ class DecodeConfig:
     temperature: float = 1.0
     top_k: int = 0
     seed: int = 0
+    # Parsing runs: greedy and beam search may only write well-formed trees with one leaf
+    # per input word (attnmt.decode.tree_grammar); false leaves it all to the repair.
+    tree_grammar: bool = True
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "batch_sentences"):

@@ -13,9 +13,21 @@ from attnmt.data.parsing import treebank_trees
 from attnmt.data.treebank import Tree, delinearize, to_bracketed, words
 from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
+from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.evaluate.parse_f1 import ParseScores, score_trees
 from attnmt.storage import Path
 from attnmt.workdir import LoadedRun
+
+
+def parsing_translator(run: LoadedRun, decode: DecodeConfig) -> Translator:
+    """A Translator for `run` that, with decode.tree_grammar, writes only trees over the
+    input's words (when the run's vocabulary keeps tree tokens whole; older ones cannot)."""
+    grammar = None
+    if decode.tree_grammar and hasattr(run.tokenizer, "whole_words"):
+        grammar = TreeGrammar.from_symbols(
+            run.tokenizer.whole_words(), run.experiment.model.vocab_size
+        )
+    return Translator([run.experiment.model], [run.params], run.tokenizer, decode, grammar=grammar)
 
 
 def parse_sentences(
@@ -59,7 +71,7 @@ def evaluate_parse_split(
     """Parses the gold trees' sentences of `split` and scores the trees against them."""
     data = run.experiment.data
     gold = treebank_trees(split, data.data_dir, data.treebank_splits)
-    translator = Translator([run.experiment.model], [run.params], run.tokenizer, decode)
+    translator = parsing_translator(run, decode)
     start = time.monotonic()
     parsed = parse_sentences(
         translator, [" ".join(words(tree)) for tree in gold], data.treebank_pos

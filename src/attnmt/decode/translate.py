@@ -19,6 +19,7 @@ from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.config import DecodeConfig
+from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.model import layout
 from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
@@ -145,9 +146,12 @@ def decode_batch(
     initial_cache_length: int = 0,
     sampling: tuple[float, int] | None = None,
     row_keys: jax.Array | None = None,
+    grammar: TreeGrammar | None = None,
+    leaf_counts: jax.Array | None = None,
 ) -> jax.Array:
     """Best output token ids [batch, max_decode_len] for a padded source batch; with
-    `sampling` = (temperature, top_k), row i's sample drawn from `row_keys[i]` instead."""
+    `sampling` = (temperature, top_k), row i's sample drawn from `row_keys[i]` instead.
+    With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i."""
     src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
@@ -163,6 +167,12 @@ def decode_batch(
     real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
     # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
     max_lengths = jnp.where(real_lengths > 0, real_lengths + max_len_offset, 1)
+    constraint = None
+    if grammar is not None:
+
+        def constraint(prefixes: jax.Array, step: jax.Array) -> jax.Array:
+            return grammar.banned(prefixes, step, leaf_counts, max_lengths)
+
     return best_sequences(
         tokens_to_logits,
         cache,
@@ -174,6 +184,7 @@ def decode_batch(
         sampling=sampling,
         row_keys=row_keys,
         bos_id=configs[0].decoder_start_id,
+        constraint=constraint,
     )
 
 
@@ -189,11 +200,13 @@ def best_sequences(
     sampling: tuple[float, int] | None = None,
     row_keys: jax.Array | None = None,
     bos_id: int = BOS_ID,
+    constraint: search.TokenConstraint | None = None,
 ) -> jax.Array:
     """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
     beam 1, beam search otherwise; or a sample per sentence given `sampling` =
     (temperature, top_k) and a key per row. `max_lengths` [batch] bounds each output.
-    `bos_id` is the decoder's start token (model.decoder_start_id), never emitted."""
+    `bos_id` is the decoder's start token (model.decoder_start_id), never emitted;
+    `constraint` bans tokens during greedy or beam search, not sampling."""
     batch = max_lengths.shape[0]
     if sampling is not None:
         temperature, top_k = sampling
@@ -219,6 +232,7 @@ def best_sequences(
             max_lengths=max_lengths,
             cache_growth=growth,
             bos_id=bos_id,
+            constraint=constraint,
         )
         return sequences
     sequences, _ = search.beam_search(
@@ -231,6 +245,7 @@ def best_sequences(
         max_lengths=max_lengths,
         cache_growth=growth,
         bos_id=bos_id,
+        constraint=constraint,
     )
     return sequences[:, 0]
 
@@ -245,6 +260,7 @@ class Translator:
         tokenizer: Tokenizer,
         decode: DecodeConfig,
         warn: Callable[[str], None] | None = None,
+        grammar: TreeGrammar | None = None,
     ) -> None:
         if not configs:
             raise ValueError("at least one model is needed")
@@ -257,6 +273,8 @@ class Translator:
         self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
         self._warn = warn or (lambda message: print(message, file=sys.stderr))
+        # A grammar's trees have one leaf per whitespace-separated word of the input line.
+        self._grammar = grammar
         self._decode = jax.jit(
             functools.partial(
                 decode_batch,
@@ -267,6 +285,7 @@ class Translator:
                 max_positions=min(learned) if learned else None,
                 initial_cache_length=decode.initial_cache_length,
                 sampling=(decode.temperature, decode.top_k) if decode.sample else None,
+                grammar=grammar,
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
@@ -308,7 +327,11 @@ class Translator:
             for row, index in enumerate(chunk):
                 src[row, : len(sources[index])] = sources[index]
             keys = self._row_keys([first_line + index for index in chunk], batch)
-            ids = np.asarray(self._decode(self.params_list, src, row_keys=keys))
+            extra = {}
+            if self._grammar is not None:
+                extra["leaf_counts"] = np.zeros(batch, np.int32)
+                extra["leaf_counts"][: len(chunk)] = [len(lines[i].split()) for i in chunk]
+            ids = np.asarray(self._decode(self.params_list, src, row_keys=keys, **extra))
             for row, index in enumerate(chunk):
                 outputs[index] = self.tokenizer.decode(ids[row].tolist())
         return outputs

@@ -1,0 +1,161 @@
+"""The tree grammar of parsing decodes, against brute force: the token sequences it lets
+through are exactly the well-formed linearized trees with the sentence's number of leaves
+that fit the length limit, and a search under it always ends in one of them."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnmt.decode import beam_search as search
+from attnmt.decode.tree_grammar import TreeGrammar
+from attnmt.special_tokens import EOS_ID, PAD_ID
+
+# ids 0-3 are the special tokens; 4 is an ordinary word piece the grammar must never allow.
+SYMBOLS = {5: "(S", 6: ")S", 7: "(NP", 8: ")NP", 9: "XX", 10: "(VP"}  # no ")VP" piece
+VOCAB = 12
+TREE_IDS = sorted(SYMBOLS)
+
+
+def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
+    """Independent check: one root, balanced and label-matched brackets, every constituent
+    non-empty, leaves only inside the root, exactly `leaves` of them."""
+    stack: list[tuple[str, int]] = []  # (label, children so far)
+    closed_root = False
+    count = 0
+    for token in tokens:
+        if closed_root:
+            return False
+        if token.startswith("("):
+            if stack:
+                stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            elif count or closed_root:
+                return False
+            stack.append((token[1:], 0))
+        elif token.startswith(")"):
+            if not stack or stack[-1][0] != token[1:] or stack[-1][1] == 0:
+                return False
+            stack.pop()
+            closed_root = not stack
+        else:
+            if not stack:
+                return False
+            stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            count += 1
+    return closed_root and count == leaves
+
+
+def brute_force(leaves: int, limit: int) -> set[tuple[str, ...]]:
+    """All trees of at most limit - 1 tokens (EOS takes the last slot) over the pieces."""
+    pieces = [SYMBOLS[i] for i in TREE_IDS]
+    found = set()
+    for n in range(1, limit):
+        for tokens in itertools.product(pieces, repeat=n):
+            if is_tree(tokens, leaves):
+                found.add(tokens)
+    return found
+
+
+def grammar_walk(grammar: TreeGrammar, leaves: int, limit: int) -> set[tuple[str, ...]]:
+    """Every sequence the grammar allows, step by step, until EOS."""
+    done, frontier = set(), [()]
+    banned_fn = jax.jit(grammar.banned)
+    for step in range(limit):
+        if not frontier:
+            break
+        rows = 1 << max(3, (len(frontier) - 1).bit_length())  # few shapes to compile
+        prefixes = np.full((rows, 1, limit), PAD_ID, np.int32)
+        for row, prefix in enumerate(frontier):
+            prefixes[row, 0, :step] = prefix
+        banned = np.asarray(
+            banned_fn(prefixes, jnp.asarray(step), jnp.full(rows, leaves), jnp.full(rows, limit))
+        )[:, 0]
+        next_frontier = []
+        for row, prefix in enumerate(frontier):
+            allowed = np.flatnonzero(~banned[row])
+            # Never a dead end: something is always allowed, and never a word piece.
+            assert len(allowed) and allowed.size < VOCAB, prefix
+            assert not {PAD_ID, 4, 11} & set(allowed.tolist()), prefix
+            for token in allowed.tolist():
+                if token == EOS_ID:
+                    done.add(tuple(SYMBOLS[i] for i in prefix))
+                else:
+                    next_frontier.append((*prefix, token))
+        frontier = next_frontier
+    assert not frontier, "prefixes still open at the length limit"
+    return done
+
+
+@pytest.mark.parametrize("leaves, limit", [(1, 5), (1, 7), (2, 7), (3, 8)])
+def test_the_grammar_allows_exactly_the_trees_with_the_words_that_fit(leaves, limit):
+    grammar = TreeGrammar.from_symbols(SYMBOLS, VOCAB)
+    assert grammar is not None
+    # (VP has no closing piece in this vocabulary, so any closing bracket may close it;
+    # the brute force (labels must match) speaks for the trees without it.
+    allowed = grammar_walk(grammar, leaves, limit)
+    expected = {tokens for tokens in brute_force(leaves, limit) if "(VP" not in tokens}
+    assert {t for t in allowed if "(VP" not in t} == expected
+    assert expected or leaves + 3 > limit
+
+
+def test_a_limit_too_short_for_the_words_leaves_the_row_unconstrained():
+    grammar = TreeGrammar.from_symbols(SYMBOLS, VOCAB)
+    prefixes = jnp.full((1, 1, 4), PAD_ID, jnp.int32)
+    banned = grammar.banned(prefixes, jnp.asarray(0), jnp.asarray([5]), jnp.asarray([4]))
+    assert not np.asarray(banned).any()
+
+
+def test_a_vocabulary_without_tree_pieces_has_no_grammar():
+    assert TreeGrammar.from_symbols({5: "▁x"}, VOCAB) is None
+    assert TreeGrammar.from_symbols({}, VOCAB) is None
+
+
+def test_beam_and_greedy_search_under_the_grammar_write_trees():
+    """A random 'model' (fixed random logits per step) under the grammar: every finished
+    hypothesis of beam search and greedy decoding is a tree with each row's leaf count."""
+    matched = {i: token for i, token in SYMBOLS.items() if token != "(VP"}
+    grammar = TreeGrammar.from_symbols(matched, VOCAB)
+    batch, beam, max_len = 3, 3, 12
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(max_len, VOCAB)) * 3, jnp.float32)
+    leaf_counts = jnp.asarray([1, 2, 3])
+    row_max = jnp.asarray([12, 10, 12])
+
+    def tokens_to_logits(tokens, cache):
+        step = cache
+        return jnp.broadcast_to(table[step], (tokens.shape[0], VOCAB)), step + 1
+
+    def constraint(prefixes, step):
+        return grammar.banned(prefixes, step, leaf_counts, row_max)
+
+    beams, scores = search.beam_search(
+        tokens_to_logits,
+        jnp.asarray(0),
+        batch_size=batch,
+        beam_size=beam,
+        max_decode_len=max_len,
+        alpha=0.3,
+        max_lengths=row_max,
+        constraint=constraint,
+    )
+    greedy, _ = search.greedy_search(
+        tokens_to_logits,
+        jnp.asarray(0),
+        batch_size=batch,
+        max_decode_len=max_len,
+        max_lengths=row_max,
+        constraint=constraint,
+    )
+    outputs = [(b, np.asarray(beams)[b, k]) for b in range(batch) for k in range(beam)]
+    outputs += [(b, np.asarray(greedy)[b]) for b in range(batch)]
+    assert np.isfinite(np.asarray(scores)).all()
+    for row, ids in outputs:
+        ids = ids.tolist()
+        assert EOS_ID in ids, ids
+        tokens = tuple(SYMBOLS[i] for i in ids[: ids.index(EOS_ID)])
+        assert is_tree(tokens, int(leaf_counts[row])), tokens
+        assert len(tokens) + 1 <= int(row_max[row])
