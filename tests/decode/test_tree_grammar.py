@@ -132,24 +132,13 @@ def test_beam_and_greedy_search_under_the_grammar_write_trees():
     def constraint(prefixes, step):
         return grammar.banned(prefixes, step, leaf_counts, row_max)
 
+    common = dict(
+        batch_size=batch, max_decode_len=max_len, max_lengths=row_max, constraint=constraint
+    )
     beams, scores = search.beam_search(
-        tokens_to_logits,
-        jnp.asarray(0),
-        batch_size=batch,
-        beam_size=beam,
-        max_decode_len=max_len,
-        alpha=0.3,
-        max_lengths=row_max,
-        constraint=constraint,
+        tokens_to_logits, jnp.asarray(0), beam_size=beam, alpha=0.3, **common
     )
-    greedy, _ = search.greedy_search(
-        tokens_to_logits,
-        jnp.asarray(0),
-        batch_size=batch,
-        max_decode_len=max_len,
-        max_lengths=row_max,
-        constraint=constraint,
-    )
+    greedy, _ = search.greedy_search(tokens_to_logits, jnp.asarray(0), **common)
     outputs = [(b, np.asarray(beams)[b, k]) for b in range(batch) for k in range(beam)]
     outputs += [(b, np.asarray(greedy)[b]) for b in range(batch)]
     assert np.isfinite(np.asarray(scores)).all()

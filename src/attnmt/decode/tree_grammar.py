@@ -74,7 +74,7 @@ class TreeGrammar:
         is_open = (classes == OPEN) & filled
         is_close = (classes == CLOSE) & filled
         depth_after = jnp.cumsum(is_open.astype(jnp.int32) - is_close, axis=-1)  # [batch, k, L]
-        depth = jnp.sum(is_open, axis=-1) - jnp.sum(is_close, axis=-1)  # [batch, k]
+        depth = depth_after[..., -1]  # [batch, k]
         leaves = jnp.sum((classes == LEAF) & filled, axis=-1)  # [batch, k]
         # The innermost open constituent is the last opening bracket whose depth is the
         # current one (any later one at that depth would still be open itself).
