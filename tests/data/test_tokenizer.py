@@ -114,3 +114,30 @@ def test_whole_words_stay_one_piece_each(tmp_path: Path) -> None:
     assert sorted(named.values()) == symbols
     assert tokenizer.decode(ids) == tree
     assert tokenizer.decode(tokenizer.encode("the cat sat")) == "the cat sat"
+
+
+def test_copied_words_are_pieced_as_on_their_own(tmp_path: Path) -> None:
+    """With the words as a tree's leaves only the brackets are kept whole, and each word of a
+    target tree is split exactly as the word alone is: what the copying tree grammar
+    (attnmt.decode.tree_grammar) forces the decoder to write."""
+    from attnmt.data.prepare import tree_symbols
+
+    pairs = [
+        ("the cat sat", "(S (NP the cat )NP (VP sat )VP )S"),
+        ("dogs ran fast", "(S (NP dogs )NP (VP ran (ADVP fast )ADVP )VP )S"),
+        ("stray cats", "(NP stray cats )NP"),
+    ] * 40
+    symbols = tree_symbols(pairs, leaves="words")
+    assert symbols == sorted(["(S", ")S", "(NP", ")NP", "(VP", ")VP", "(ADVP", ")ADVP"])
+    texts = [text for pair in pairs for text in pair]
+    tokenizer = Tokenizer.load(train_vocab(texts, tmp_path / "v.model", 70, whole_words=symbols))
+    bracket_ids = {token: i for i, token in tokenizer.whole_words().items()}
+    assert sorted(bracket_ids) == symbols
+    for tree in ("(S (NP dogs sat )NP (VP cats ran fast )VP )S", "(NP the catsat strays )NP"):
+        expected = []
+        for token in tree.split():
+            expected += [bracket_ids[token]] if token in bracket_ids else tokenizer.encode(token)
+        ids = tokenizer.encode(tree)
+        assert ids == expected
+        assert tokenizer.decode(ids) == tree
+    assert len(tokenizer.encode("catsat strays")) > 2  # unseen words take several pieces

@@ -209,6 +209,20 @@ def test_linearize_gafl_tokens():
         linearize(SMALL, pos="(XX")
 
 
+def test_linearize_with_the_words_as_leaves():
+    assert linearize(SMALL, leaves="words") == [
+        "(S", "(NP", "The", "cat", ")NP", "(VP", "sat", ")VP", ".", ")S",
+    ]  # fmt: skip
+    # A parenthesis in a word would read as a bracket: escaped on both sides, as in PTB.
+    odd = node("S", leaf("SYM", ":-)"), leaf("-LRB-", "("))
+    assert linearize(odd, leaves="words") == ["(S", ":--RRB-", "-LRB-", ")S"]
+    assert list(iter_linearized([odd], leaves="words")) == [
+        (":--RRB- -LRB-", "(S :--RRB- -LRB- )S")
+    ]
+    with pytest.raises(ValueError, match="leaves"):
+        linearize(SMALL, leaves="tags")
+
+
 def test_to_bracketed_and_back():
     text = "(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"
     assert to_bracketed(SMALL) == text
@@ -278,6 +292,13 @@ def test_sample_round_trips_with_xx(sample: list[Tree]):
         assert delinearize(linearize(tree), words(tree)) == with_tag(tree, "XX")
 
 
+def test_sample_round_trips_with_the_words_as_leaves(sample: list[Tree]):
+    for tree in sample:
+        tokens = linearize(tree, leaves="words")
+        assert [t for t in tokens if t[0] not in "()"] == words(tree)
+        assert delinearize(tokens, words(tree), leaves="words") == with_tag(tree, "XX")
+
+
 # --------------------------------------------------------------------------- repair
 
 A, B, C = "a", "b", "c"
@@ -319,6 +340,22 @@ A, B, C = "a", "b", "c"
 )  # fmt: skip
 def test_repair_hand_cases(tokens: list[str], sentence: list[str], expected: Tree):
     assert delinearize(tokens, sentence) == expected
+
+
+def test_repair_with_copied_words():
+    # Each non-bracket token is the next word, whatever it spells: the leaves are always the
+    # input's words, tagged XX; extra ones are dropped, missing ones appended as with XX.
+    tokens = ["(S", "(NP", "the", "dog", ")NP", "(VP", "ran", "away", ")VP", ")S"]
+    sentence = ["the", "cat", "ran"]
+    expected = node(
+        "S", node("NP", leaf("XX", "the"), leaf("XX", "cat")), node("VP", leaf("XX", "ran"))
+    )
+    assert delinearize(tokens, sentence, leaves="words") == expected
+    assert delinearize(["(S", "a", ")S"], [A, B], leaves="words") == node(
+        "S", leaf("XX", A), leaf("XX", B)
+    )
+    with pytest.raises(ValueError, match="leaves"):
+        delinearize(tokens, sentence, leaves="tags")
 
 
 def test_repair_with_predicted_tags():
@@ -366,13 +403,14 @@ def test_repair_random_sequences(seed: int):
     for _ in range(100):
         sentence = [f"w{i}" for i in range(rng.randint(1, 8))]
         tokens = [rng.choice(RANDOM_VOCAB) for _ in range(rng.randint(0, 30))]
-        for pos in ("XX", None):
-            tree = delinearize(tokens, sentence, pos=pos)
+        for pos, leaves in (("XX", "pos"), (None, "pos"), ("XX", "words")):
+            tree = delinearize(tokens, sentence, pos=pos, leaves=leaves)
             assert_well_formed(tree)
             assert words(tree) == sentence
             assert not tree.is_preterminal
             # Repair is a fixed point: a repaired tree's tokens describe it exactly.
-            assert delinearize(linearize(tree, pos=pos), sentence, pos=pos) == tree
+            again = delinearize(linearize(tree, pos, leaves), sentence, pos, leaves=leaves)
+            assert again == tree
             assert parse_bracketed(to_bracketed(tree)) == tree
 
 

@@ -61,10 +61,12 @@ def test_the_configs_load_with_the_paper_decoding():
 
 
 @pytest.mark.slow
-def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, capsys):
+@pytest.mark.parametrize("leaves", ["pos", "words"])
+def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, capsys, leaves):
     workdir = tmp_path / "run"
     overrides = [
         f"--config.data.data_dir={ptb_dir}",
+        f"--config.data.treebank_leaves={leaves}",
         "--config.data.treebank_splits=train=1-30,dev=160-161",
         "--config.model.vocab_size=300",
         *TINY_MODEL,
@@ -88,15 +90,21 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(ptb_dir, tmp_path, ca
     assert f"{score_trees(gold, parsed).f1:.2f}" in out
 
     # Under the tree grammar (the default) the model's raw outputs are already trees with
-    # one leaf per word, for the untrained model too, by beam search and greedily.
+    # one leaf per word (the word itself, when copied), for the untrained model too, by
+    # beam search and greedily.
     run = load_run(workdir)
     sentences = [" ".join(words(tree)) for tree in gold]
     for beam in (1, 3):
         translator = parsing_translator(run, DecodeConfig(beam_size=beam, max_len_offset=20))
         for sentence, output in zip(sentences, translator.translate(sentences), strict=True):
             tokens = tuple(output.split())
+            leaf_tokens = [t for t in tokens if t[0] not in "()"]
+            if leaves == "words":
+                assert leaf_tokens == sentence.split(), (sentence, output)
+                tokens = tuple(t if t[0] in "()" else "XX" for t in tokens)
+            else:
+                assert set(leaf_tokens) == {"XX"}
             assert is_tree(tokens, len(sentence.split())), (sentence, output)
-            assert {t for t in tokens if t[0] not in "()"} == {"XX"}
 
     lines = ["The cat sat on the mat .", "", "( odd ) tokens ( (", "a " * 40, "single"]
     source = tmp_path / "in.txt"

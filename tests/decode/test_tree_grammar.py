@@ -13,7 +13,7 @@ import pytest
 
 from attnmt.decode import beam_search as search
 from attnmt.decode.tree_grammar import TreeGrammar
-from attnmt.special_tokens import EOS_ID, PAD_ID
+from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 # ids 0-3 are the special tokens; 4 is an ordinary word piece the grammar must never allow.
 SYMBOLS = {5: "(S", 6: ")S", 7: "(NP", 8: ")NP", 9: "XX", 10: "(VP"}  # no ")VP" piece
@@ -60,8 +60,16 @@ def brute_force(leaves: int, limit: int) -> set[tuple[str, ...]]:
     return found
 
 
-def grammar_walk(grammar: TreeGrammar, leaves: int, limit: int) -> set[tuple[str, ...]]:
-    """Every sequence the grammar allows, step by step, until EOS."""
+def grammar_walk(
+    grammar: TreeGrammar,
+    leaves: int,
+    limit: int,
+    copy: tuple[np.ndarray, np.ndarray] | None = None,
+    names: dict[int, str] = SYMBOLS,
+    never: frozenset[int] = frozenset({PAD_ID, 4, 11}),
+) -> set[tuple[str, ...]]:
+    """Every sequence the grammar allows, step by step, until EOS (`copy`: one row's word
+    pieces and starts, for a copying grammar)."""
     done, frontier = set(), [()]
     banned_fn = jax.jit(grammar.banned)
     for step in range(limit):
@@ -71,18 +79,25 @@ def grammar_walk(grammar: TreeGrammar, leaves: int, limit: int) -> set[tuple[str
         prefixes = np.full((rows, 1, limit), PAD_ID, np.int32)
         for row, prefix in enumerate(frontier):
             prefixes[row, 0, :step] = prefix
+        rows_copy = None if copy is None else tuple(np.repeat(a[None], rows, 0) for a in copy)
         banned = np.asarray(
-            banned_fn(prefixes, jnp.asarray(step), jnp.full(rows, leaves), jnp.full(rows, limit))
+            banned_fn(
+                prefixes,
+                jnp.asarray(step),
+                jnp.full(rows, leaves),
+                jnp.full(rows, limit),
+                rows_copy,
+            )
         )[:, 0]
         next_frontier = []
         for row, prefix in enumerate(frontier):
             allowed = np.flatnonzero(~banned[row])
-            # Never a dead end: something is always allowed, and never a word piece.
+            # Never a dead end: something is always allowed, and never a stray piece.
             assert len(allowed) and allowed.size < VOCAB, prefix
-            assert not {PAD_ID, 4, 11} & set(allowed.tolist()), prefix
+            assert not never & set(allowed.tolist()), prefix
             for token in allowed.tolist():
                 if token == EOS_ID:
-                    done.add(tuple(SYMBOLS[i] for i in prefix))
+                    done.add(tuple(names[i] for i in prefix))
                 else:
                     next_frontier.append((*prefix, token))
         frontier = next_frontier
@@ -102,6 +117,43 @@ def test_the_grammar_allows_exactly_the_trees_with_the_words_that_fit(leaves, li
     assert expected or leaves + 3 > limit
 
 
+# A copying grammar's vocabulary: the brackets kept whole, every other id a word piece.
+BRACKETS = {i: token for i, token in SYMBOLS.items() if token[0] in "()"}
+PIECES = {3: "<unk>", 4: "▁a", 9: "▁b", 11: "c"}
+
+
+@pytest.mark.parametrize(
+    "sentence, limit",
+    [([[4]], 6), ([[9, 11]], 7), ([[4], [4]], 8), ([[9, 11], [3]], 8), ([[4, 11, 11]], 8)],
+)
+def test_a_copying_grammar_writes_exactly_the_trees_over_the_words_pieces(sentence, limit):
+    """The sequences allowed are the brute-force trees with one XX per word, each XX spelled
+    out as that word's pieces, that fit the limit."""
+    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, copy_words=True)
+    assert grammar is not None and grammar.copy_words
+    width = 6
+    pieces = np.full(width, -1, np.int32)
+    starts = np.zeros(width, bool)
+    flat = [p for word in sentence for p in word]
+    pieces[: len(flat)] = flat
+    starts[np.cumsum([0] + [len(word) for word in sentence[:-1]])] = True
+    names = {**BRACKETS, **PIECES}
+    allowed = grammar_walk(grammar, 99, limit, (pieces, starts), names, frozenset({PAD_ID, BOS_ID}))
+    expected = set()
+    for tree in brute_force(len(sentence), limit):
+        if "(VP" in tree:
+            continue
+        spelled, word = [], iter(sentence)
+        for token in tree:
+            spelled += [PIECES[p] for p in next(word)] if token == "XX" else [token]
+        if len(spelled) + 1 <= limit:
+            expected.add(tuple(spelled))
+    assert expected
+    assert {t for t in allowed if "(VP" not in t} == expected
+    with pytest.raises(ValueError, match="word pieces"):
+        grammar.banned(jnp.zeros((1, 1, 4), jnp.int32), jnp.asarray(0), jnp.ones(1), jnp.ones(1))
+
+
 def test_a_limit_too_short_for_the_words_leaves_the_row_unconstrained():
     grammar = TreeGrammar.from_symbols(SYMBOLS, VOCAB)
     prefixes = jnp.full((1, 1, 4), PAD_ID, jnp.int32)
@@ -114,23 +166,52 @@ def test_a_vocabulary_without_tree_pieces_has_no_grammar():
     assert TreeGrammar.from_symbols({}, VOCAB) is None
 
 
-def test_beam_and_greedy_search_under_the_grammar_write_trees():
+def spelled_out_words(ids: list[int], pieces: list[int], starts: list[bool]) -> tuple[str, ...]:
+    """A copying grammar's output with each word's pieces checked against the sentence and
+    replaced by one XX: brackets only between words, every piece in order."""
+    skeleton, at = [], 0
+    for i, token in enumerate(ids):
+        if token in BRACKETS:
+            skeleton.append(BRACKETS[token])
+            continue
+        assert at < len(pieces) and token == pieces[at], (ids, pieces)
+        if starts[at]:
+            skeleton.append("XX")
+        else:
+            assert ids[i - 1] not in BRACKETS, ids
+        at += 1
+    assert at == len(pieces), (ids, pieces)
+    return tuple(skeleton)
+
+
+@pytest.mark.parametrize("copy_words", [False, True])
+def test_beam_and_greedy_search_under_the_grammar_write_trees(copy_words):
     """A random 'model' (fixed random logits per step) under the grammar: every finished
-    hypothesis of beam search and greedy decoding is a tree with each row's leaf count."""
-    matched = {i: token for i, token in SYMBOLS.items() if token != "(VP"}
-    grammar = TreeGrammar.from_symbols(matched, VOCAB)
-    batch, beam, max_len = 3, 3, 12
+    hypothesis of beam search and greedy decoding is a tree with each row's leaf count (its
+    words' pieces, for a copying grammar)."""
+    symbols = BRACKETS if copy_words else SYMBOLS
+    matched = {i: token for i, token in symbols.items() if token != "(VP"}
+    grammar = TreeGrammar.from_symbols(matched, VOCAB, copy_words=copy_words)
+    batch, beam, max_len = 3, 3, 14
     rng = np.random.default_rng(0)
     table = jnp.asarray(rng.normal(size=(max_len, VOCAB)) * 3, jnp.float32)
     leaf_counts = jnp.asarray([1, 2, 3])
-    row_max = jnp.asarray([12, 10, 12])
+    row_max = jnp.asarray([12, 10, 14])
+    sentences = [[[4]], [[9, 11], [4]], [[4], [9, 11, 11], [3]]]
+    pieces = np.full((batch, 6), -1, np.int32)
+    starts = np.zeros((batch, 6), bool)
+    for row, sentence in enumerate(sentences):
+        flat = [p for word in sentence for p in word]
+        pieces[row, : len(flat)] = flat
+        starts[row, np.cumsum([0] + [len(word) for word in sentence[:-1]])] = True
+    copy = (jnp.asarray(pieces), jnp.asarray(starts)) if copy_words else None
 
     def tokens_to_logits(tokens, cache):
         step = cache
         return jnp.broadcast_to(table[step], (tokens.shape[0], VOCAB)), step + 1
 
     def constraint(prefixes, step):
-        return grammar.banned(prefixes, step, leaf_counts, row_max)
+        return grammar.banned(prefixes, step, leaf_counts, row_max, copy)
 
     common = dict(
         batch_size=batch, max_decode_len=max_len, max_lengths=row_max, constraint=constraint
@@ -145,6 +226,11 @@ def test_beam_and_greedy_search_under_the_grammar_write_trees():
     for row, ids in outputs:
         ids = ids.tolist()
         assert EOS_ID in ids, ids
-        tokens = tuple(SYMBOLS[i] for i in ids[: ids.index(EOS_ID)])
+        ids = ids[: ids.index(EOS_ID)]
+        if copy_words:
+            real = pieces[row][pieces[row] >= 0].tolist()
+            tokens = spelled_out_words(ids, real, starts[row][: len(real)].tolist())
+        else:
+            tokens = tuple(SYMBOLS[i] for i in ids)
         assert is_tree(tokens, int(leaf_counts[row])), tokens
-        assert len(tokens) + 1 <= int(row_max[row])
+        assert len(ids) + 1 <= int(row_max[row])

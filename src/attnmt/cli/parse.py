@@ -51,7 +51,8 @@ def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     lines = source.decode("utf-8", errors="replace").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    trees = parse_sentences(translator, lines, run.experiment.data.treebank_pos)
+    data = run.experiment.data
+    trees = parse_sentences(translator, lines, data.treebank_pos, data.treebank_leaves)
     text = "".join(line + "\n" for line in bracketed_lines(trees))
     if args.output:
         as_path(args.output, "--output").write_text(text, encoding="utf-8")

@@ -19,6 +19,9 @@ class DataConfig:
     # treebank (parsing, §6.3): data_dir holds the .mrg files; NAME=FIRST-LAST file ranges
     treebank_splits: str = ""  # e.g. "train=200-2199,dev=2200-2299,test=2300-2399"
     treebank_pos: str = "XX"  # every POS tag becomes this target token ("" keeps the tags)
+    # "pos": each leaf of the target is its POS token (treebank_pos); "words": the word itself,
+    # which decoding copies from the input (attnmt.data.treebank.linearize)
+    treebank_leaves: Literal["pos", "words"] = "pos"
     src_lang: str = "en"
     tgt_lang: str = "de"
     train_split: str = "train"
@@ -71,6 +74,10 @@ class DataConfig:
         if self.vocab_kind not in ("sentencepiece", "pair"):
             raise ConfigError(
                 f"data.vocab_kind must be 'sentencepiece' or 'pair', got {self.vocab_kind!r}"
+            )
+        if self.treebank_leaves not in ("pos", "words"):
+            raise ConfigError(
+                f"data.treebank_leaves must be 'pos' or 'words', got {self.treebank_leaves!r}"
             )
         if self.eval_tokens_per_batch < 0:
             raise ConfigError("data.eval_tokens_per_batch must be ≥ 0")

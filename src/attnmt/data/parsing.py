@@ -60,8 +60,11 @@ def treebank_trees(split: str, data_dir: str, splits: str) -> list[Tree]:
     return list(_trees(str(Path(data_dir).resolve()), *ranges[split]))
 
 
-def treebank_pairs(split: str, data_dir: str, splits: str, pos: str) -> list[tuple[str, str]]:
+def treebank_pairs(
+    split: str, data_dir: str, splits: str, pos: str, leaves: str = "pos"
+) -> list[tuple[str, str]]:
     """(space-joined words, space-joined linearized tree) of every tree of `split`; `pos`
-    is the token every POS tag becomes ("XX", as Vinyals et al.; "" keeps the tags)."""
+    is the token every POS tag becomes ("XX", as Vinyals et al.; "" keeps the tags), and
+    `leaves` says whether the tree's leaves are those tokens ("pos") or the words."""
     trees = treebank_trees(split, data_dir, splits)
-    return list(iter_linearized(trees, pos or None))
+    return list(iter_linearized(trees, pos or None, leaves))

@@ -32,6 +32,7 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
             "data_dir": config.data_dir,
             "splits": config.treebank_splits,
             "pos": config.treebank_pos,
+            "leaves": config.treebank_leaves,
         }
     return list(
         sources.load_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
@@ -45,10 +46,14 @@ def vocab_path(config: DataConfig, workdir: str | os.PathLike) -> Path:
     return as_path(workdir, "--workdir") / name
 
 
-def tree_symbols(pairs: list[tuple[str, str]]) -> list[str]:
-    """Every token of the linearized trees (brackets and POS tokens), each to be one piece:
-    a constrained decoder (attnmt.decode.tree_grammar) steps through trees token by token."""
-    return sorted({token for _, tree in pairs for token in tree.split()})
+def tree_symbols(pairs: list[tuple[str, str]], leaves: str = "pos") -> list[str]:
+    """Every bracket of the linearized trees, and with POS leaves every POS token, each to be
+    one piece: a constrained decoder (attnmt.decode.tree_grammar) steps through trees token
+    by token. Copied words stay ordinary text, split into pieces as the source's are."""
+    tokens = {token for _, tree in pairs for token in tree.split()}
+    if leaves == "words":
+        tokens = {token for token in tokens if token.startswith(("(", ")"))}
+    return sorted(tokens)
 
 
 def ensure_vocab(
@@ -71,7 +76,9 @@ def ensure_vocab(
             vocab_size=vocab_size,
             model_type=config.vocab_model_type,
             max_sentences=config.vocab_max_sentences,
-            whole_words=tree_symbols(pairs) if config.source == "treebank" else (),
+            whole_words=(
+                tree_symbols(pairs, config.treebank_leaves) if config.source == "treebank" else ()
+            ),
         )
     return Tokenizer.load(path)
 
@@ -88,7 +95,8 @@ def tokenized_split(
     workdir: str | os.PathLike,
 ) -> tuple[TokenizedCorpus, FilterStats]:
     """Tokenizes a split once and caches it in <workdir>/data/, keyed by everything that
-    changes the result (source, split, languages, vocabulary bytes, max length)."""
+    changes the result (source, split, languages, treebank options, vocabulary bytes, max
+    length)."""
     key = json.dumps(
         [
             config.source,
@@ -98,6 +106,9 @@ def tokenized_split(
             config.tgt_path,
             config.src_lang,
             config.tgt_lang,
+            config.treebank_splits,
+            config.treebank_pos,
+            config.treebank_leaves,
             split,
             config.max_length,
             *map(_file_digest, getattr(tokenizer, "files", (tokenizer_path,))),

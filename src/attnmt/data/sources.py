@@ -271,7 +271,7 @@ _KIND_OPTIONS = {
     "multi30k": ("data_dir", "download_url", "cache_dir"),
     "tfds": ("name", "data_dir", "download"),
     "files": ("src_path", "tgt_path"),
-    "treebank": ("data_dir", "splits", "pos"),
+    "treebank": ("data_dir", "splits", "pos", "leaves"),
 }
 
 

@@ -275,20 +275,35 @@ def _is_label(text: str) -> bool:
     return bool(text) and not _FORBIDDEN_IN_ATOM.search(text)
 
 
-def linearize(tree: Tree, pos: str | None = "XX") -> list[str]:
+LEAF_KINDS = ("pos", "words")
+
+
+def _check_leaves(pos: str | None, leaves: str) -> None:
+    if leaves not in LEAF_KINDS:
+        raise ValueError(f"leaves must be one of {', '.join(LEAF_KINDS)}, got {leaves!r}")
+    if pos is not None and not _is_label(pos):
+        raise ValueError(f"pos token {pos!r} must be non-empty, without spaces or parentheses")
+
+
+def linearize(tree: Tree, pos: str | None = "XX", leaves: str = "pos") -> list[str]:
     """GaFL target tokens: ``(S (NP XX XX )NP ... )S``, depth first.
 
     Every preterminal becomes the one token ``pos`` (GaFL normalises all POS tags to XX, so the
     model predicts brackets, not tags); ``pos=None`` keeps each real tag as its token instead.
+    ``leaves="words"`` writes each preterminal's word instead (``(S (NP The cat )NP ...``,
+    parentheses escaped as in :func:`to_bracketed`): the decoder then sees which word it has
+    reached instead of counting XXs, and a copying grammar (attnmt.decode.tree_grammar)
+    keeps the words exact.
     """
-    if pos is not None and not _is_label(pos):
-        raise ValueError(f"pos token {pos!r} must be non-empty, without spaces or parentheses")
+    _check_leaves(pos, leaves)
     tokens: list[str] = []
     stack: list[Tree | str] = [tree]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
             tokens.append(item)
+        elif item.is_preterminal and leaves == "words":
+            tokens.append(escape_word(item.word or ""))
         elif item.is_preterminal:
             tokens.append(item.label if pos is None else pos)
         else:
@@ -301,9 +316,10 @@ def linearize(tree: Tree, pos: str | None = "XX") -> list[str]:
 class _TreeBuilder:
     """The repairing reader behind :func:`delinearize`: a stack of open constituents."""
 
-    def __init__(self, words: Sequence[str], pos: str | None) -> None:
+    def __init__(self, words: Sequence[str], pos: str | None, leaves: str) -> None:
         self.words = list(words)
         self.pos = pos
+        self.leaves = leaves
         self.used = 0
         self.top: list[Tree] = []
         self.open: list[tuple[str, list[Tree]]] = []
@@ -316,12 +332,19 @@ class _TreeBuilder:
             if self.open:
                 self._close()
         elif self._is_leaf(token) and self.used < len(self.words):
-            self._attach(Tree(token, word=self.words[self.used]))
+            self._attach(Tree(self._tag(token), word=self.words[self.used]))
             self.used += 1
         # anything else (garbage, surplus leaves) is dropped
 
     def _is_leaf(self, token: str) -> bool:
+        if self.leaves == "words":
+            return not token.startswith(("(", ")"))
         return token == self.pos or (self.pos is None and _is_label(token))
+
+    def _tag(self, token: str) -> str:
+        if self.leaves == "words":
+            return UNKNOWN_TAG if self.pos is None else self.pos
+        return token
 
     def _attach(self, node: Tree) -> None:
         (self.open[-1][1] if self.open else self.top).append(node)
@@ -353,6 +376,7 @@ def delinearize(
     words: Sequence[str],
     pos: str | None = "XX",
     root_label: str = DEFAULT_ROOT_LABEL,
+    leaves: str = "pos",
 ) -> Tree:
     """The tree a model's output tokens describe, repaired so it is always well formed.
 
@@ -364,7 +388,9 @@ def delinearize(
     * Any token starting with ``)`` closes the innermost open constituent; the label after it
       is ignored (so ``)NP`` may close a VP); a close with nothing open is dropped.
     * A leaf token (``pos``; with ``pos=None`` any other token, which becomes the predicted
-      tag) takes the next unused word; leaf tokens beyond the last word are dropped.
+      tag; with ``leaves="words"`` any token not starting with a parenthesis, tagged ``pos``
+      or ``XX``) takes the next unused word, whatever the token says, so the leaves are
+      always ``words``; leaf tokens beyond the last word are dropped.
     * Every other token (garbage) is dropped.
     * At the end, unused words become leaves appended to the innermost constituent still
       open, or else to the single top-level constituent, or else at the top level; their tag
@@ -381,7 +407,8 @@ def delinearize(
         raise ValueError("cannot build a tree over zero words")
     if not _is_label(root_label):
         raise ValueError(f"invalid root label {root_label!r}")
-    builder = _TreeBuilder(words, pos)
+    _check_leaves(pos, leaves)
+    builder = _TreeBuilder(words, pos, leaves)
     for token in tokens:
         builder.feed(token)
     return builder.finish(root_label)
@@ -390,7 +417,7 @@ def delinearize(
 # --------------------------------------------------------------------------- writing
 
 
-def _escape_word(word: str) -> str:
+def escape_word(word: str) -> str:
     return word.replace("(", "-LRB-").replace(")", "-RRB-")
 
 
@@ -410,7 +437,7 @@ def to_bracketed(tree: Tree) -> str:
         if pieces:
             pieces.append(" ")
         if item.is_preterminal and item.word is not None:
-            pieces.append(f"({item.label} {_escape_word(item.word)})")
+            pieces.append(f"({item.label} {escape_word(item.word)})")
         else:
             pieces.append("(" + item.label)
             stack.append(")")
@@ -418,7 +445,11 @@ def to_bracketed(tree: Tree) -> str:
     return "".join(pieces)
 
 
-def iter_linearized(trees: Sequence[Tree], pos: str | None = "XX") -> Iterator[tuple[str, str]]:
-    """(source line, target line) pairs: the words and the linearized tree, space-joined."""
+def iter_linearized(
+    trees: Sequence[Tree], pos: str | None = "XX", leaves: str = "pos"
+) -> Iterator[tuple[str, str]]:
+    """(source line, target line) pairs: the words (parentheses escaped, as the target's
+    copied words are) and the linearized tree, space-joined."""
     for tree in trees:
-        yield " ".join(words(tree)), " ".join(linearize(tree, pos))
+        source = " ".join(escape_word(word) for word in words(tree))
+        yield source, " ".join(linearize(tree, pos, leaves))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from attnmt.data.parsing import treebank_trees
-from attnmt.data.treebank import Tree, delinearize, to_bracketed, words
+from attnmt.data.treebank import Tree, delinearize, escape_word, to_bracketed, words
 from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
@@ -25,20 +25,26 @@ def parsing_translator(run: LoadedRun, decode: DecodeConfig) -> Translator:
     grammar = None
     if decode.tree_grammar and hasattr(run.tokenizer, "whole_words"):
         grammar = TreeGrammar.from_symbols(
-            run.tokenizer.whole_words(), run.experiment.model.vocab_size
+            run.tokenizer.whole_words(),
+            run.experiment.model.vocab_size,
+            copy_words=run.experiment.data.treebank_leaves == "words",
         )
     return Translator([run.experiment.model], [run.params], run.tokenizer, decode, grammar=grammar)
 
 
 def parse_sentences(
-    translator: Translator, sentences: Sequence[str], pos: str
+    translator: Translator, sentences: Sequence[str], pos: str, leaves: str = "pos"
 ) -> list[Tree | None]:
-    """A tree per sentence (words split on whitespace); None for an empty sentence."""
-    outputs = translator.translate([" ".join(s.split()) for s in sentences])
+    """A tree per sentence (words split on whitespace); None for an empty sentence. `pos`
+    and `leaves` are the run's data.treebank_pos and data.treebank_leaves."""
+    # Parentheses in words are escaped as in training, so no word reads as a bracket.
+    lines = [" ".join(escape_word(word) for word in s.split()) for s in sentences]
+    outputs = translator.translate(lines)
     trees: list[Tree | None] = []
     for sentence, output in zip(sentences, outputs, strict=True):
         tokens = sentence.split()
-        trees.append(delinearize(output.split(), tokens, pos or None) if tokens else None)
+        tree = delinearize(output.split(), tokens, pos or None, leaves=leaves) if tokens else None
+        trees.append(tree)
     return trees
 
 
@@ -74,7 +80,10 @@ def evaluate_parse_split(
     translator = parsing_translator(run, decode)
     start = time.monotonic()
     parsed = parse_sentences(
-        translator, [" ".join(words(tree)) for tree in gold], data.treebank_pos
+        translator,
+        [" ".join(words(tree)) for tree in gold],
+        data.treebank_pos,
+        data.treebank_leaves,
     )
     seconds = time.monotonic() - start
     trees = [tree for tree in parsed if tree is not None]

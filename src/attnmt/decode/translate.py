@@ -148,10 +148,12 @@ def decode_batch(
     row_keys: jax.Array | None = None,
     grammar: TreeGrammar | None = None,
     leaf_counts: jax.Array | None = None,
+    word_pieces: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Best output token ids [batch, max_decode_len] for a padded source batch; with
     `sampling` = (temperature, top_k), row i's sample drawn from `row_keys[i]` instead.
-    With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i."""
+    With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i (a
+    copying grammar's leaves are `word_pieces`, as TreeGrammar.banned takes them)."""
     src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
@@ -171,7 +173,7 @@ def decode_batch(
     if grammar is not None:
 
         def constraint(prefixes: jax.Array, step: jax.Array) -> jax.Array:
-            return grammar.banned(prefixes, step, leaf_counts, max_lengths)
+            return grammar.banned(prefixes, step, leaf_counts, max_lengths, word_pieces)
 
     return best_sequences(
         tokens_to_logits,
@@ -329,12 +331,30 @@ class Translator:
             keys = self._row_keys([first_line + index for index in chunk], batch)
             extra = {}
             if self._grammar is not None:
-                extra["leaf_counts"] = np.zeros(batch, np.int32)
-                extra["leaf_counts"][: len(chunk)] = [len(lines[i].split()) for i in chunk]
+                extra = self._grammar_inputs([lines[i] for i in chunk], batch)
             ids = np.asarray(self._decode(self.params_list, src, row_keys=keys, **extra))
             for row, index in enumerate(chunk):
                 outputs[index] = self.tokenizer.decode(ids[row].tolist())
         return outputs
+
+    def _grammar_inputs(self, lines: list[str], rows: int) -> dict[str, Any]:
+        """What the grammar needs to know of each line: a tree has one leaf per whitespace
+        word, and a copying grammar writes each word as the target side tokenizes it."""
+        counts = np.zeros(rows, np.int32)
+        counts[: len(lines)] = [len(line.split()) for line in lines]
+        if not self._grammar.copy_words:
+            return {"leaf_counts": counts}
+        words = [[self.tokenizer.encode(word) for word in line.split()] for line in lines]
+        longest = max(sum(map(len, row)) for row in words)
+        width = next((b for b in self.buckets if b >= longest), longest)
+        pieces = np.full((rows, width), -1, np.int32)
+        starts = np.zeros((rows, width), bool)
+        for row, line_words in enumerate(words):
+            flat = [piece for word in line_words for piece in word]
+            pieces[row, : len(flat)] = flat
+            first = np.cumsum([0] + [len(word) for word in line_words[:-1]])
+            starts[row, first[[bool(word) for word in line_words]]] = True
+        return {"leaf_counts": counts, "word_pieces": (pieces, starts)}
 
     def _row_keys(self, line_numbers: list[int], rows: int) -> jax.Array | None:
         """Sampling keys: line i's from fold_in(PRNGKey(decode.seed), i), filler rows 0's."""

@@ -14,6 +14,10 @@ cannot place. Here each step bans the tokens that would break the grammar:
 - whatever could not be finished within the sentence's length limit (each missing word
   and each open bracket needs a token, and EOS one more).
 
+When the leaves are the words themselves (``(S (NP The cat )NP ...``, data.treebank_leaves =
+"words"), the grammar copies: a leaf must be the next piece of the next input word, a word
+once begun is finished before any bracket, and every ordinary piece is a leaf piece.
+
 The state (leaves placed, depth, innermost open label) is recomputed from the prefix at
 every step, so the search's beams need no extra bookkeeping. A row the grammar cannot
 finish at all (its limit too short for its words) is left unconstrained.
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.special_tokens import EOS_ID
+from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 # Token classes of the grammar.
 OTHER, LEAF, OPEN, CLOSE = 0, 1, 2, 3
@@ -36,16 +40,22 @@ OTHER, LEAF, OPEN, CLOSE = 0, 1, 2, 3
 @dataclasses.dataclass(frozen=True, eq=False)
 class TreeGrammar:
     """Per-vocabulary-id tables: each id's class, and for an opening bracket the id of
-    the closing bracket with its label (-1: none in the vocabulary)."""
+    the closing bracket with its label (-1: none in the vocabulary); ``copy_words``: the
+    leaves are the input's words, piece by piece."""
 
     token_class: np.ndarray  # int32 [vocab]
     closing_id: np.ndarray  # int32 [vocab]
+    copy_words: bool = False
 
     @classmethod
-    def from_symbols(cls, symbols: dict[int, str], vocab_size: int) -> TreeGrammar | None:
+    def from_symbols(
+        cls, symbols: dict[int, str], vocab_size: int, copy_words: bool = False
+    ) -> TreeGrammar | None:
         """From a vocabulary's whole-word pieces (id → token); None without brackets (a
-        vocabulary trained before tree tokens were kept whole)."""
-        token_class = np.full(vocab_size, OTHER, np.int32)
+        vocabulary trained before tree tokens were kept whole). With ``copy_words`` every
+        piece that is not a bracket or a control token is a leaf piece."""
+        token_class = np.full(vocab_size, LEAF if copy_words else OTHER, np.int32)
+        token_class[[PAD_ID, EOS_ID, BOS_ID]] = OTHER
         closing_id = np.full(vocab_size, -1, np.int32)
         ids = {token: i for i, token in symbols.items()}
         for i, token in symbols.items():
@@ -58,15 +68,23 @@ class TreeGrammar:
                 token_class[i] = LEAF
         if not (token_class == OPEN).any() or not (token_class == LEAF).any():
             return None
-        return cls(token_class, closing_id)
+        return cls(token_class, closing_id, copy_words)
 
     def banned(
-        self, prefixes: jax.Array, step: jax.Array, words: jax.Array, row_max: jax.Array
+        self,
+        prefixes: jax.Array,
+        step: jax.Array,
+        words: jax.Array,
+        row_max: jax.Array,
+        copy: tuple[jax.Array, jax.Array] | None = None,
     ) -> jax.Array:
         """bool [batch, k, vocab]: tokens that may not come at position ``step``.
 
         prefixes: [batch, k, L] (positions ≥ step are ignored); words: [batch] leaves each
-        sentence needs; row_max: [batch] its length limit, EOS included.
+        sentence needs; row_max: [batch] its length limit, EOS included. A copying grammar
+        needs ``copy`` = (pieces, starts), [batch, P] each: every row's words as vocabulary
+        ids in order (-1 after the last), and which of them begins a word; ``words`` is then
+        ignored.
         """
         token_class = jnp.asarray(self.token_class)
         classes = token_class[prefixes]  # [batch, k, L]
@@ -75,7 +93,7 @@ class TreeGrammar:
         is_close = (classes == CLOSE) & filled
         depth_after = jnp.cumsum(is_open.astype(jnp.int32) - is_close, axis=-1)  # [batch, k, L]
         depth = depth_after[..., -1]  # [batch, k]
-        leaves = jnp.sum((classes == LEAF) & filled, axis=-1)  # [batch, k]
+        leaves = jnp.sum((classes == LEAF) & filled, axis=-1)  # [batch, k] leaf tokens
         # The innermost open constituent is the last opening bracket whose depth is the
         # current one (any later one at that depth would still be open itself).
         innermost = is_open & (depth_after == depth[..., None])
@@ -85,22 +103,37 @@ class TreeGrammar:
         previous = jnp.take(classes, jnp.maximum(step - 1, 0), axis=-1)  # [batch, k]
         just_opened = (step > 0) & (previous == OPEN)
 
-        words, row_max = words[:, None], row_max[:, None]  # [batch, 1]
-
-        def fits(new_leaves: jax.Array, new_depth: jax.Array) -> jax.Array:
-            # After this token: the missing words, one close per open bracket and EOS.
-            return (words - new_leaves) + new_depth + 1 <= row_max - step - 1
-
-        allow_leaf = (leaves < words) & (depth > 0) & fits(leaves + 1, depth)
-        allow_open = ((step == 0) | (depth > 0)) & (leaves < words) & fits(leaves, depth + 1)
-        allow_close = (depth > 0) & ~just_opened & ((depth > 1) | (leaves >= words))
-        allow_eos = (leaves >= words) & (depth == 0) & (step > 0)
-
         vocab = token_class[None, None, :]  # [1, 1, vocab]
         ids = jnp.arange(token_class.shape[0])
+        row_max = row_max[:, None]  # [batch, 1]
+        if self.copy_words:
+            if copy is None:
+                raise ValueError("a copying tree grammar needs each row's word pieces")
+            pieces, starts = copy
+            needed = jnp.sum(pieces >= 0, axis=-1)[:, None]  # [batch, 1] leaf tokens
+            at = jnp.minimum(leaves, pieces.shape[-1] - 1)[..., None]  # [batch, k, 1]
+            next_piece = jnp.take_along_axis(pieces[:, None, :], at, axis=-1)[..., 0]
+            begins = jnp.take_along_axis(starts[:, None, :], at, axis=-1)[..., 0]
+            in_word = (leaves < needed) & ~begins  # [batch, k]: finish the word first
+            leaf_ids = (vocab == LEAF) & (ids == next_piece[..., None])
+        else:
+            needed, in_word = words[:, None], jnp.zeros_like(leaves, bool)
+            leaf_ids = vocab == LEAF
+
+        def fits(new_leaves: jax.Array, new_depth: jax.Array) -> jax.Array:
+            # After this token: the missing leaves, one close per open bracket and EOS.
+            return (needed - new_leaves) + new_depth + 1 <= row_max - step - 1
+
+        allow_leaf = (leaves < needed) & (depth > 0) & fits(leaves + 1, depth)
+        allow_open = (
+            ((step == 0) | (depth > 0)) & (leaves < needed) & ~in_word & fits(leaves, depth + 1)
+        )
+        allow_close = (depth > 0) & ~just_opened & ((depth > 1) | (leaves >= needed)) & ~in_word
+        allow_eos = (leaves >= needed) & (depth == 0) & (step > 0)
+
         close_matches = (required_close[..., None] < 0) | (ids == required_close[..., None])
         allowed = (
-            ((vocab == LEAF) & allow_leaf[..., None])
+            (leaf_ids & allow_leaf[..., None])
             | ((vocab == OPEN) & allow_open[..., None])
             | ((vocab == CLOSE) & allow_close[..., None] & close_matches)
             | ((ids == EOS_ID) & allow_eos[..., None])
