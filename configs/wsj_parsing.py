@@ -12,7 +12,9 @@ Arguments: variant = paper | sample.
   2300-2399 under data.data_dir, searched recursively), 16K vocabulary.
 - sample: a CPU-sized model on NLTK's 179-file WSJ sample (data.data_dir defaults to
   $ATTNMT_PTB_DIR), split by file: wsj_0001-0159 train, wsj_0160-0179 dev.
-Targets are the trees linearized as in Vinyals et al. (2015), every POS tag written XX.
+Targets are the trees linearized as in Vinyals et al. (2015), every POS tag written XX;
+--config.data.treebank_leaves=words writes the words themselves as the leaves instead, and
+decoding then copies them from the input.
 Decoding as in the paper: beam 21, α 0.3, output up to input + 300 tokens (override with
 --config.decode.* or the evaluate / parse flags).
 """

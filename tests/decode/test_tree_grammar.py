@@ -210,8 +210,8 @@ def test_beam_and_greedy_search_under_the_grammar_write_trees(copy_words):
         step = cache
         return jnp.broadcast_to(table[step], (tokens.shape[0], VOCAB)), step + 1
 
-    def constraint(prefixes, step):
-        return grammar.banned(prefixes, step, leaf_counts, row_max, copy)
+    def constraint(prefixes, step, log_probs):
+        return grammar.constrain(prefixes, step, log_probs, leaf_counts, row_max, copy)
 
     common = dict(
         batch_size=batch, max_decode_len=max_len, max_lengths=row_max, constraint=constraint
@@ -234,3 +234,45 @@ def test_beam_and_greedy_search_under_the_grammar_write_trees(copy_words):
             tokens = tuple(SYMBOLS[i] for i in ids)
         assert is_tree(tokens, int(leaf_counts[row])), tokens
         assert len(ids) + 1 <= int(row_max[row])
+
+
+def test_a_copying_grammar_scores_a_word_as_the_chance_of_any_word():
+    """Against float64 NumPy: at a word's first piece the forced piece is scored with the
+    log-sum of every leaf piece's probability, a later piece of the word with 0, brackets
+    keep their own, banned tokens -inf."""
+    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, copy_words=True)
+    rng = np.random.default_rng(1)
+    log_probs = rng.normal(size=(1, 3, VOCAB)) - 3.0
+    # Beam 0: "(S" placed, the next word "▁b c" begins; beam 1: "(S ▁b" placed, "c" next;
+    # beam 2: "(S ▁b c", the next word "▁a" begins.
+    prefixes = np.full((1, 3, 8), PAD_ID, np.int32)
+    prefixes[0, 0, :1] = [5]
+    prefixes[0, 1, :2] = [5, 9]
+    prefixes[0, 2, :3] = [5, 9, 11]
+    steps = [1, 2, 3]
+    pieces = np.asarray([[9, 11, 4, -1]], np.int32)
+    starts = np.asarray([[True, False, True, False]])
+    leaf_ids = [i for i in range(VOCAB) if i not in BRACKETS and i not in (PAD_ID, 1, BOS_ID)]
+    for beam, step in enumerate(steps):
+        got = np.asarray(
+            grammar.constrain(
+                jnp.asarray(prefixes[:, beam : beam + 1]),
+                jnp.asarray(step),
+                jnp.asarray(log_probs[:, beam : beam + 1], jnp.float32),
+                jnp.asarray([2]),
+                jnp.asarray([8]),
+                (jnp.asarray(pieces), jnp.asarray(starts)),
+            ),
+            np.float64,
+        )[0, 0]
+        row = log_probs[0, beam]
+        any_word = np.log(np.sum(np.exp(row[leaf_ids])))
+        next_piece = {0: 9, 1: 11, 2: 4}[beam]
+        expected_leaf = 0.0 if beam == 1 else any_word
+        np.testing.assert_allclose(got[next_piece], expected_leaf, rtol=1e-5, atol=1e-5)
+        others = [i for i in leaf_ids if i != next_piece]
+        assert np.all(got[others] == -np.inf)
+        if beam == 1:  # inside a word: nothing but its next piece
+            assert np.isfinite(got).sum() == 1
+        else:  # between words: "(NP" may open, keeping the model's own score
+            np.testing.assert_allclose(got[7], row[7], rtol=1e-5, atol=1e-6)

@@ -51,9 +51,10 @@ from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
-# (prefixes [batch, k, max_decode_len], step) -> bool [batch, k, vocab]: the tokens that may
-# not come next (e.g. attnmt.decode.tree_grammar); positions ≥ step of a prefix are unset.
-TokenConstraint = Callable[[jax.Array, jax.Array], jax.Array]
+# (prefixes [batch, k, max_decode_len], step, log-probs [batch, k, vocab]) -> the log-probs
+# to search with: -inf for tokens that may not come next, others possibly rescored (e.g.
+# attnmt.decode.tree_grammar); positions ≥ step of a prefix are unset.
+TokenConstraint = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 NEG_INF = float("-inf")
 
@@ -295,7 +296,7 @@ def _beam_step(
     logp = _step_log_probs(logits, state.step, row_max_rows, ids)
     logp = logp.reshape(batch, beam_size, -1)  # [batch, beam, vocab]
     if constraint is not None:
-        logp = jnp.where(constraint(state.live_seqs, state.step), NEG_INF, logp)
+        logp = constraint(state.live_seqs, state.step, logp)
     cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
     cand_is_eos = cand_seqs[:, :, state.step] == ids[0]  # [batch, 2K]
     fin_seqs, fin_scores = _select_finished(state, cand_logp, cand_seqs, cand_is_eos, alpha)
@@ -343,8 +344,8 @@ def beam_search(
     sentence is done when no live beam can beat its worst finished hypothesis (bound: live
     log-prob / the largest reachable length penalty); the loop stops when all sentences are done
     or after ``max_decode_len`` steps. ``cache_growth``: see :class:`CacheGrowth`.
-    ``constraint`` bans tokens per beam and step (:data:`TokenConstraint`); the log-probabilities
-    of the tokens left are not renormalised.
+    ``constraint`` bans (or rescores) tokens per beam and step (:data:`TokenConstraint`); the
+    log-probabilities of the tokens left are not renormalised.
 
     Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
     float32 ``[batch, beam]``. Slots for which no hypothesis exists (tiny search spaces) have
@@ -419,7 +420,7 @@ def _single_path_decode(
         logits, new_cache = tokens_to_logits(s.last_tok[:, None], s.cache)
         logp = _step_log_probs(logits, s.step, row_max, ids)  # [batch, vocab]
         if constraint is not None:
-            logp = jnp.where(constraint(s.seqs[:, None], s.step)[:, 0], NEG_INF, logp)
+            logp = constraint(s.seqs[:, None], s.step, logp[:, None])[:, 0]
         tok = choose(logp, s.step).astype(jnp.int32)  # [batch]
         tok = jnp.where(s.done, pad_id, tok)  # finished rows only pad
         tok_logp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]  # [batch]

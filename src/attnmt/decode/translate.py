@@ -172,8 +172,10 @@ def decode_batch(
     constraint = None
     if grammar is not None:
 
-        def constraint(prefixes: jax.Array, step: jax.Array) -> jax.Array:
-            return grammar.banned(prefixes, step, leaf_counts, max_lengths, word_pieces)
+        def constraint(prefixes: jax.Array, step: jax.Array, log_probs: jax.Array) -> jax.Array:
+            return grammar.constrain(
+                prefixes, step, log_probs, leaf_counts, max_lengths, word_pieces
+            )
 
     return best_sequences(
         tokens_to_logits,

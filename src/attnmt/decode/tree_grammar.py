@@ -107,14 +107,7 @@ class TreeGrammar:
         ids = jnp.arange(token_class.shape[0])
         row_max = row_max[:, None]  # [batch, 1]
         if self.copy_words:
-            if copy is None:
-                raise ValueError("a copying tree grammar needs each row's word pieces")
-            pieces, starts = copy
-            needed = jnp.sum(pieces >= 0, axis=-1)[:, None]  # [batch, 1] leaf tokens
-            at = jnp.minimum(leaves, pieces.shape[-1] - 1)[..., None]  # [batch, k, 1]
-            next_piece = jnp.take_along_axis(pieces[:, None, :], at, axis=-1)[..., 0]
-            begins = jnp.take_along_axis(starts[:, None, :], at, axis=-1)[..., 0]
-            in_word = (leaves < needed) & ~begins  # [batch, k]: finish the word first
+            needed, next_piece, in_word = self._copy_position(leaves, copy)
             leaf_ids = (vocab == LEAF) & (ids == next_piece[..., None])
         else:
             needed, in_word = words[:, None], jnp.zeros_like(leaves, bool)
@@ -140,3 +133,48 @@ class TreeGrammar:
         )  # [batch, k, vocab]
         # Rows the grammar cannot finish keep the model's own choices.
         return ~allowed & jnp.any(allowed, axis=-1, keepdims=True)
+
+    def _copy_position(
+        self, leaves: jax.Array, copy: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(leaf pieces each row needs [batch, 1], the piece to copy next [batch, k], whether
+        it continues a word already begun [batch, k]) after `leaves` leaf pieces."""
+        if copy is None:
+            raise ValueError("a copying tree grammar needs each row's word pieces")
+        pieces, starts = copy
+        needed = jnp.sum(pieces >= 0, axis=-1)[:, None]
+        at = jnp.minimum(leaves, pieces.shape[-1] - 1)[..., None]  # [batch, k, 1]
+        next_piece = jnp.take_along_axis(pieces[:, None, :], at, axis=-1)[..., 0]
+        begins = jnp.take_along_axis(starts[:, None, :], at, axis=-1)[..., 0]
+        return needed, next_piece, (leaves < needed) & ~begins
+
+    def constrain(
+        self,
+        prefixes: jax.Array,
+        step: jax.Array,
+        log_probs: jax.Array,
+        words: jax.Array,
+        row_max: jax.Array,
+        copy: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
+        """The search's log-probabilities [batch, k, vocab] for position ``step`` under the
+        grammar (a :data:`attnmt.decode.beam_search.TokenConstraint`): banned tokens -inf.
+
+        A copying grammar also scores each word as the model's probability of *a* word
+        there, whichever it spells (the log-sum of every leaf piece's probability), and the
+        rest of a word's pieces as certain: the search then weighs brackets against words,
+        and a model not yet sure which word comes next still places its brackets by
+        structure, not by how well it would have spelled the forced word.
+        """
+        banned = self.banned(prefixes, step, words, row_max, copy)
+        if self.copy_words:
+            is_leaf = jnp.asarray(self.token_class == LEAF)
+            leaves = jnp.sum(is_leaf[prefixes] & (jnp.arange(prefixes.shape[-1]) < step), -1)
+            _, next_piece, in_word = self._copy_position(leaves, copy)
+            any_word = jax.nn.logsumexp(jnp.where(is_leaf, log_probs, -jnp.inf), axis=-1)
+            copied = jnp.where(in_word, 0.0, any_word)  # [batch, k]
+            is_next = jnp.arange(log_probs.shape[-1]) == next_piece[..., None]
+            # (where the search itself allows the piece: not past a row's length limit)
+            rescore = is_next & is_leaf & (log_probs > -jnp.inf)
+            log_probs = jnp.where(rescore, copied[..., None], log_probs)
+        return jnp.where(banned, -jnp.inf, log_probs)
