@@ -106,6 +106,9 @@ def _fit(model, tokenizer, steps: int = 300) -> None:
     input and end with </s> as a trained model's do; then a random final_logits_bias."""
     import torch
 
+    # One thread: with the other test worker (or anything else) on the second core, torch's
+    # spinning thread pool made this fit ten times slower (200 s instead of 20 in CI).
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     source = sentences(EN, 512, seed=3)
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
