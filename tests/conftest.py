@@ -1,5 +1,6 @@
 """Shared test settings: deterministic CPU JAX, the location of ../shared/data, and
-ATTNMT_TESTS_STRICT=1 (set by .ci/run), under which a skipped test fails instead.
+ATTNMT_TESTS_STRICT=1 (set by .ci/run), under which any skip or xfail, at collection
+time or run time, fails the run (tests/strict_mode.py).
 
 Skips exist for a developer's machine that lacks the shared corpora, perl, or 8 fake
 devices (a preset XLA_FLAGS device count, another JAX_PLATFORMS). CI must run everything:
@@ -19,17 +20,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 REPO = Path(__file__).resolve().parents[1]
-STRICT = os.environ.get("ATTNMT_TESTS_STRICT", "") not in ("", "0")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.outcome = "failed"
-        report.longrepr = f"skipped under ATTNMT_TESTS_STRICT=1 (CI runs every test): {reason}"
+pytest_plugins = ["tests.strict_mode"]  # ATTNMT_TESTS_STRICT=1: skips and xfails fail
 
 
 def shared_data_dir() -> Path:
