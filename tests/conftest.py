@@ -7,17 +7,39 @@ devices (a preset XLA_FLAGS device count, another JAX_PLATFORMS). CI must run ev
 a green run that skipped the mesh or corpus tests would prove less than it claims.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _add_xla_flag(name: str, value: str) -> None:
+    if name not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --{name}={value}").strip()
+
+
 # Eight fake CPU devices for the mesh tests; single-device code still runs on device 0.
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    ).strip()
+_add_xla_flag("xla_force_host_platform_device_count", "8")
+# LLVM's optimisation level 0 for every compile in the suite (and the subprocesses that keep
+# this environment): about a third less CPU time, since the tiny test models spend more time
+# compiling than running. No test depends on it: each compares with its reference within
+# bounds that hold at any level, bit-exact claims compare runs compiled alike, and
+# test_backend_optimization_level_keeps_the_math holds XLA's default level to level 0.
+_add_xla_flag("xla_backend_optimization_level", "0")
+# One persistent compilation cache for the whole run, shared by the xdist workers and every
+# subprocess they start (they inherit the variable): the same tiny train step, compiled by
+# the reference run, the killed run and its resumption, is compiled once. Executables are
+# keyed by the computation, flags and devices, so a hit is the same program.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="attnmt-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.strict_mode"]  # ATTNMT_TESTS_STRICT=1: skips and xfails fail

@@ -163,9 +163,10 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
 
 def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
     """Another XLA optimisation level may fuse and order float ops differently: SGD runs
-    agree within the rounding bounds of tests/equivalence.py."""
+    agree within the rounding bounds of tests/equivalence.py. Level 3 is XLA's default (what
+    a user's run compiles with); level 0 is what the rest of the suite compiles with."""
     runs = []
-    for level in ("-1", "1"):
+    for level in ("3", "0"):
         overrides = [
             *_overrides(reversal_corpus, 4),
             "--config.optim.algorithm=sgd",

@@ -126,9 +126,14 @@ def _longest_batch(trainer):
 
 
 def _count_compiles() -> list[float]:
-    """A list that grows by one for every XLA backend compile from now on."""
+    """A list that grows by one for every XLA backend compile from now on. The suite's
+    persistent compilation cache (tests/conftest.py) is turned off for the rest of this
+    process's tests: a compile served from it would not be counted."""
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # forget that this process already chose to use it
     compiles: list[float] = []
 
     def count(event, seconds, **_):
