@@ -17,6 +17,7 @@ from attnmt.data.treebank import (
     preprocess,
     read_treebank,
     read_trees,
+    retag,
     strip_function_tags,
     tags,
     to_bracketed,
@@ -236,6 +237,29 @@ def test_to_bracketed_and_back():
     assert words(parse_bracketed(to_bracketed(smiley))) == ["-LRB-", ":--RRB-"]
     with pytest.raises(DataError, match="expected one tree, found 2"):
         parse_bracketed(text + text)
+
+
+def test_retag_replaces_each_leafs_tag_in_order():
+    # SMALL's leaves: (DT The) (NN cat) (VBD sat) (. .).
+    xx = with_tag(SMALL, "XX")
+    assert retag(xx, ["DT", "NN", "VBD", "."]) == SMALL
+    assert retag(SMALL, ["A", "B", "C", "D"]) == node(
+        "S",
+        node("NP", leaf("A", "The"), leaf("B", "cat")),
+        node("VP", leaf("C", "sat")),
+        leaf("D", "."),
+    )
+    # One leaf object used twice still gets one tag per position; a bare preterminal too.
+    twice = leaf("XX", "x")
+    assert tags(retag(node("S", twice, twice), ["A", "B"])) == ["A", "B"]
+    assert retag(leaf("XX", "x"), ["NN"]) == leaf("NN", "x")
+    # Deeper than the recursion limit, as repaired parses can be.
+    deep = leaf("XX", "w")
+    for _ in range(5000):
+        deep = node("NP", deep)
+    assert tags(retag(deep, ["NN"])) == ["NN"]
+    with pytest.raises(ValueError, match="4 leaves but 3 tags"):
+        retag(SMALL, ["A", "B", "C"])
 
 
 def test_tree_rejects_ill_formed_nodes():

@@ -40,6 +40,7 @@ __all__ = [
     "preterminals",
     "read_treebank",
     "read_trees",
+    "retag",
     "strip_function_tags",
     "tags",
     "to_bracketed",
@@ -109,6 +110,33 @@ def words(tree: Tree) -> list[str]:
 def tags(tree: Tree) -> list[str]:
     """POS tags in word order (EVALB uses the gold ones to find punctuation)."""
     return [leaf.label for leaf in preterminals(tree)]
+
+
+def retag(tree: Tree, new_tags: Sequence[str]) -> Tree:
+    """The tree with its i-th preterminal's tag replaced by ``new_tags[i]`` (same words and
+    brackets): e.g. a parse written with XX tags given the gold tags, so that EVALB, which
+    finds punctuation by each tree's own tags, can score it. Iterative, for deep trees.
+
+    Raises ValueError if the numbers of leaves and tags differ.
+    """
+    leaves = preterminals(tree)
+    if len(leaves) != len(new_tags):
+        raise ValueError(f"the tree has {len(leaves)} leaves but {len(new_tags)} tags were given")
+    next_tag = iter(new_tags)
+    built: list[Tree] = []  # finished subtrees, left to right
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if node.is_preterminal:
+            built.append(Tree(next(next_tag), word=node.word))
+        elif children_done:
+            children = tuple(built[-len(node.children) :])
+            del built[-len(node.children) :]
+            built.append(Tree(node.label, children))
+        else:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.children))
+    return built[0]
 
 
 # --------------------------------------------------------------------------- reading

@@ -1,7 +1,20 @@
 """Parsing with a trained words → linearized-tree model (§6.3): the model's output for each
 sentence becomes a well-formed tree over exactly its words (attnmt.data.treebank repairs
-what the decoder gets wrong), written as one PTB bracketing per line and scored with
-EVALB's conventions."""
+what the decoder gets wrong), written as one PTB bracketing per line and scored as EVALB
+(COLLINS.prm) scores it.
+
+`attnmt evaluate` on a parsing run writes three files per split into <workdir>/decodes/,
+one tree per line, line i for the split's i-th gold tree:
+
+* ``{split}-step{N}-beam{B}.trees``: the parses as decoded, tagged as the model writes its
+  leaves (``XX`` for data.treebank_pos=XX, the default; predicted tags for "").
+* ``{split}-step{N}-beam{B}.tagged.trees``: the same parses with each word's tag replaced by
+  its gold tag, the file that is scored. EVALB finds punctuation by each tree's own tags, so
+  it rejects XX-tagged parses ("length unmatch") and would count a mistagged comma as a
+  word; with the gold tags, only the brackets are scored (the XX model predicts no tags).
+* ``{split}-step{N}-beam{B}.gold.trees``: the gold trees (preprocessed as for training).
+
+``evalb -p COLLINS.prm <...>.gold.trees <...>.tagged.trees`` gives the printed scores."""
 
 from __future__ import annotations
 
@@ -10,7 +23,15 @@ import time
 from collections.abc import Sequence
 
 from attnmt.data.parsing import treebank_trees
-from attnmt.data.treebank import Tree, delinearize, escape_word, to_bracketed, words
+from attnmt.data.treebank import (
+    Tree,
+    delinearize,
+    escape_word,
+    retag,
+    tags,
+    to_bracketed,
+    words,
+)
 from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
@@ -59,6 +80,8 @@ class ParseSplitScores:
     seconds: float
     scores: ParseScores
     trees_path: Path
+    tagged_path: Path
+    gold_path: Path
 
     def scalars(self) -> dict[str, float]:
         s = self.scores
@@ -67,14 +90,24 @@ class ParseSplitScores:
     def format(self) -> str:
         return (
             f"{self.split}: {self.scores.num_sentences} sentences parsed in {self.seconds:.1f} s\n"
-            f"{self.scores.format()}\n  trees: {self.trees_path}"
+            f"{self.scores.format()}\n"
+            f"  trees (as decoded): {self.trees_path}\n"
+            f"  scored (gold tags): {self.tagged_path}\n"
+            f"  gold:               {self.gold_path}\n"
+            f"  the same scores:    evalb -p COLLINS.prm {self.gold_path} {self.tagged_path}"
         )
+
+
+def _write_trees(path: Path, trees: Sequence[Tree]) -> None:
+    path.write_text("".join(line + "\n" for line in bracketed_lines(trees)), encoding="utf-8")
 
 
 def evaluate_parse_split(
     run: LoadedRun, split: str, decode: DecodeConfig, output_dir: Path
 ) -> ParseSplitScores:
-    """Parses the gold trees' sentences of `split` and scores the trees against them."""
+    """Parses the gold trees' sentences of `split`, writes the parses, the parses with the
+    gold tags and the gold trees (see the module docstring), and scores the gold-tagged
+    parses against the gold trees."""
     data = run.experiment.data
     gold = treebank_trees(split, data.data_dir, data.treebank_splits)
     translator = parsing_translator(run, decode)
@@ -86,8 +119,15 @@ def evaluate_parse_split(
         data.treebank_leaves,
     )
     seconds = time.monotonic() - start
+    # A gold tree always has a word (preprocess refuses one of -NONE- elements alone), so
+    # every sentence has a parse, over exactly its words.
     trees = [tree for tree in parsed if tree is not None]
+    tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
     output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / f"{split}-step{run.step}-beam{decode.beam_size}.trees"
-    path.write_text("\n".join(bracketed_lines(trees)) + "\n", encoding="utf-8")
-    return ParseSplitScores(split, seconds, score_trees(gold, trees), path)
+    stem = f"{split}-step{run.step}-beam{decode.beam_size}"
+    paths = [
+        output_dir / f"{stem}{suffix}" for suffix in (".trees", ".tagged.trees", ".gold.trees")
+    ]
+    for path, written in zip(paths, (trees, tagged, gold), strict=True):
+        _write_trees(path, written)
+    return ParseSplitScores(split, seconds, score_trees(gold, tagged), *paths)
