@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 
-from attnmt.data.tokenizer import Tokenizer, train_vocab
+from attnmt.data.tokenizer import Tokenizer, _sample_sentences, train_vocab
 from attnmt.errors import DataError
 from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 
@@ -52,14 +55,65 @@ def test_decode_tolerates_out_of_range_ids(tokenizer: Tokenizer) -> None:
     assert text.startswith("a dog")
 
 
-@pytest.mark.parametrize("max_sentences", [10_000_000, 300])  # 300 < corpus: sampling path
-def test_training_is_deterministic(tmp_path: Path, max_sentences: int) -> None:
-    texts = interleave(make_pairs(300, seed=7))
-    paths = [
-        train_vocab(texts, tmp_path / f"run{i}" / "v.model", 80, max_sentences=max_sentences)
-        for i in range(2)
-    ]
-    assert paths[0].read_bytes() == paths[1].read_bytes()
+# Trains a vocabulary in a fresh interpreter: corpus file, model path, vocab size, cap, seed.
+_TRAIN_IN_A_PROCESS = """
+import sys
+from attnmt.data.tokenizer import train_vocab
+corpus, out, size, cap, seed = sys.argv[1:]
+texts = open(corpus, encoding="utf-8").read().splitlines()
+train_vocab(texts, out, int(size), max_sentences=int(cap), seed=int(seed))
+"""
+
+
+def test_sampled_training_gives_the_same_bytes_in_any_process(tmp_path: Path) -> None:
+    """With more sentences than max_sentences (sampling on), two fresh processes and this
+    one write byte-identical models for the same input and seed; another seed samples
+    otherwise. Without sampling, the whole corpus gives the same bytes too."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(interleave(make_pairs(600, seed=7))) + "\n", encoding="utf-8")
+    texts = corpus.read_text(encoding="utf-8").splitlines()
+    assert len(texts) == 1200
+
+    def spawn(name: str, cap: int, seed: int = 0) -> tuple[subprocess.Popen, Path]:
+        out = tmp_path / name / "v.model"
+        args = [str(corpus), str(out), "120", str(cap), str(seed)]
+        return subprocess.Popen([sys.executable, "-c", _TRAIN_IN_A_PROCESS, *args]), out
+
+    runs = [spawn("a", 400), spawn("b", 400), spawn("full", 10_000)]
+    here = train_vocab(texts, tmp_path / "here" / "v.model", 120, max_sentences=400)
+    other_seed = train_vocab(texts, tmp_path / "seed1" / "v.model", 120, max_sentences=400, seed=1)
+    full_here = train_vocab(texts, tmp_path / "full_here" / "v.model", 120, max_sentences=10_000)
+    for process, _ in runs:
+        assert process.wait(timeout=120) == 0
+    (_, a), (_, b), (_, full) = runs
+    assert a.read_bytes() == b.read_bytes() == here.read_bytes()
+    assert a.with_suffix(".vocab").read_bytes() == here.with_suffix(".vocab").read_bytes()
+    assert full.read_bytes() == full_here.read_bytes()
+    assert other_seed.read_bytes() != here.read_bytes() != full_here.read_bytes()
+
+
+def test_sample_is_uniform_and_in_corpus_order() -> None:
+    """The sentences a capped vocabulary trains on: `size` distinct ones in corpus order,
+    each of n sentences in the sample with probability size/n and each pair with
+    size(size-1)/(n(n-1)) over seeds (a uniform sample), all of them when n <= size."""
+    n, size, seeds = 40, 4, 3000
+    assert _sample_sentences(map(str, range(3)), size, 0) == ["0", "1", "2"]
+    assert _sample_sentences(map(str, range(size)), size, 0) == [str(i) for i in range(size)]
+    single = np.zeros(n)
+    pairs = np.zeros((n, n))
+    for seed in range(seeds):
+        sample = [int(text) for text in _sample_sentences(map(str, range(n)), size, seed)]
+        assert len(sample) == size and sample == sorted(set(sample))
+        single[sample] += 1
+        pairs[np.ix_(sample, sample)] += 1
+    # Binomial counts: within 5 standard deviations of the mean, for every sentence / pair.
+    p1 = size / n
+    assert np.abs(single - seeds * p1).max() < 5 * np.sqrt(seeds * p1 * (1 - p1))
+    p2 = size * (size - 1) / (n * (n - 1))
+    off_diagonal = pairs[~np.eye(n, dtype=bool)]
+    assert np.abs(off_diagonal - seeds * p2).max() < 5 * np.sqrt(seeds * p2 * (1 - p2))
+    # Late sentences get in as often as early ones: a reservoir that stopped early would not.
+    assert single[n // 2 :].sum() > 0.4 * single.sum()
 
 
 def test_training_errors(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnmt.compile_options import compiler_options
 from attnmt.decode.beam_search import (
     CacheGrowth,
     beam_search,
@@ -28,6 +29,9 @@ from attnmt.decode.beam_search import (
 )
 
 PAD, EOS, BOS = 0, 1, 2
+# XLA's backend at optimisation level 0 compiles the searches about twice as fast; the
+# float64 references bound the results, not the compiled code's speed.
+fast_jit = functools.partial(jax.jit, compiler_options=compiler_options(0))
 
 
 # --------------------------------------------------------------------------- test model
@@ -74,9 +78,10 @@ def log_softmax64(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def sequence_log_prob(table: np.ndarray, seq: tuple[int, ...]) -> float:
-    """float64 log P(seq) under one sentence's table (seq excludes BOS, includes EOS)."""
-    logp = log_softmax64(table)
+def sequence_log_prob(table: np.ndarray, seq: tuple[int, ...], logp=None) -> float:
+    """float64 log P(seq) under one sentence's table (seq excludes BOS, includes EOS);
+    `logp`: the table's log_softmax64, when the caller has it already."""
+    logp = log_softmax64(table) if logp is None else logp
     prev, last, total = PAD, BOS, 0.0
     for t, tok in enumerate(seq):
         total += logp[t, prev, last, tok]
@@ -91,11 +96,13 @@ def gnmt_score(log_prob: float, length: int, alpha: float) -> float:
 def brute_force(table: np.ndarray, max_len: int, alpha: float) -> list[tuple[float, tuple]]:
     """All sequences of <= max_len tokens ending in EOS (no PAD/BOS), best first."""
     content = range(3, table.shape[-1])
+    logp = log_softmax64(table)
     results = []
     for m in range(max_len):
         for body in itertools.product(content, repeat=m):
             seq = (*body, EOS)
-            results.append((gnmt_score(sequence_log_prob(table, seq), len(seq), alpha), seq))
+            score = gnmt_score(sequence_log_prob(table, seq, logp), len(seq), alpha)
+            results.append((score, seq))
     return sorted(results, key=lambda r: -r[0])
 
 
@@ -111,7 +118,7 @@ def strip(row: np.ndarray) -> tuple[int, ...]:
 @functools.cache
 def jit_beam(fn, batch: int, beam: int, length: int):
     # alpha and max_lengths are traced, so one compilation serves every test on this shape.
-    return jax.jit(
+    return fast_jit(
         functools.partial(beam_search, fn, batch_size=batch, beam_size=beam, max_decode_len=length)
     )
 
@@ -234,7 +241,7 @@ def greedy_reference(table: np.ndarray, max_len: int) -> tuple[tuple, float]:
 
 @functools.cache
 def jit_greedy(fn, batch: int, length: int):
-    return jax.jit(functools.partial(greedy_search, fn, batch_size=batch, max_decode_len=length))
+    return fast_jit(functools.partial(greedy_search, fn, batch_size=batch, max_decode_len=length))
 
 
 def test_greedy_matches_reference_and_beam_one():
@@ -290,7 +297,7 @@ def test_sampling_top1_is_greedy_and_deterministic():
     tables = random_tables(4, 4, length, vocab)
     cache = make_cache(tables)
     greedy = jit_greedy(table_model, 4, length)(cache)
-    draw = jax.jit(
+    draw = fast_jit(
         functools.partial(sample, table_model, batch_size=4, max_decode_len=length, top_k=1)
     )
     top1 = draw(cache, jax.random.key(0))
@@ -324,7 +331,7 @@ def constant_model(logits: np.ndarray):
 
 def test_sampling_is_deterministic_for_fixed_rng():
     fn = constant_model(np.array([0.0, 0.5, 0.0, 1.0, 0.2, -0.3]))
-    draw = jax.jit(functools.partial(sample, fn, batch_size=64, max_decode_len=6))
+    draw = fast_jit(functools.partial(sample, fn, batch_size=64, max_decode_len=6))
     cache = jnp.zeros((64,), jnp.int32)
     a, b = draw(cache, jax.random.key(1)), draw(cache, jax.random.key(1))
     c = draw(cache, jax.random.key(2))
@@ -459,21 +466,27 @@ def test_doubling_capacities():
     assert doubling_capacities(65, 16) == (16, 32, 64, 65)
 
 
-def growing_beam_search(tables: np.ndarray, growth: CacheGrowth, alpha: float):
-    """Beam search of history_model over SHAPES[1]'s beam and length, with ``growth``."""
+@functools.cache
+def jit_growing_beam(growth: CacheGrowth, batch: int):
+    # alpha is traced: one compilation per growth serves both alphas.
     _, length, beam = SHAPES[1]
-    search = jax.jit(
+    return fast_jit(
         functools.partial(
             beam_search,
             history_model,
-            batch_size=tables.shape[0],
+            batch_size=batch,
             beam_size=beam,
             max_decode_len=length,
             cache_growth=growth,
         )
     )
+
+
+def growing_beam_search(tables: np.ndarray, growth: CacheGrowth, alpha: float):
+    """Beam search of history_model over SHAPES[1]'s beam and length, with ``growth``."""
+    beam = SHAPES[1][2]
     cache = expand_to_beams(history_cache(tables, growth.capacities[0]), beam)
-    seqs, scores = search(cache, alpha=alpha)
+    seqs, scores = jit_growing_beam(growth, tables.shape[0])(cache, alpha=alpha)
     return np.asarray(seqs), np.asarray(scores)
 
 
@@ -502,7 +515,7 @@ def test_growing_cache_greedy_matches_reference():
     tables[0, :, :, :, EOS] += 4.0  # rows finish at different steps
     max_lengths = jnp.asarray([5, 5, 3, 1], jnp.int32)
     growth = CacheGrowth((1, 2, 4, 5), grow_history)
-    seqs, logps = jax.jit(
+    seqs, logps = fast_jit(
         functools.partial(
             greedy_search, history_model, batch_size=4, max_decode_len=length, cache_growth=growth
         )

@@ -1,5 +1,6 @@
 """Translating raw text with a real (tiny, random) model: one line out per line in."""
 
+import functools
 import io
 
 import flax.linen as nn
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnmt.compile_options import compiler_options
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator, decode_batch
@@ -29,6 +31,12 @@ def tokenizer(tmp_path_factory):
     return Tokenizer.load(path)
 
 
+def _init_params(config: ModelConfig, seed: int):
+    tokens = jnp.ones((1, 8), jnp.int32)
+    init = jax.jit(Transformer(config).init)  # one compile, not one per operation
+    return nn.meta.unbox(init(jax.random.PRNGKey(seed), tokens, tokens)["params"])
+
+
 @pytest.fixture(scope="module")
 def model_and_params(tokenizer):
     config = ModelConfig(
@@ -42,22 +50,37 @@ def model_and_params(tokenizer):
         dropout_rate=0.0,
         max_length=24,
     )
-    tokens = jnp.ones((1, 8), jnp.int32)
-    params = Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens)["params"]
-    return config, nn.meta.unbox(params)
+    return config, _init_params(config, 0)
 
 
-def _translator(model_and_params, tokenizer, beam, warnings=None):
-    config, params = model_and_params
-    decode = DecodeConfig(beam_size=beam, max_len_offset=5, batch_sentences=4)
-    warn = warnings.append if warnings is not None else None
-    return Translator([config], [params], tokenizer, decode, warn=warn)
+@pytest.fixture(scope="module")
+def translators(model_and_params, tokenizer):
+    """translators(beam) → (the greedy / beam Translator, the warnings it gives from now on):
+    one per beam size for the whole module, so each shape compiles once."""
+    made: dict[int, tuple[Translator, list[str]]] = {}
+
+    def get(beam: int) -> tuple[Translator, list[str]]:
+        if beam not in made:
+            config, params = model_and_params
+            decode = DecodeConfig(
+                beam_size=beam,
+                max_len_offset=5,
+                batch_sentences=4,
+                xla_backend_optimization_level=0,  # compiles faster; the tests compare text
+            )
+            warnings: list[str] = []
+            made[beam] = Translator(
+                [config], [params], tokenizer, decode, warn=warnings.append
+            ), warnings
+        made[beam][1].clear()
+        return made[beam]
+
+    return get
 
 
 @pytest.mark.parametrize("beam", [1, 3])
-def test_one_output_per_input_in_order(model_and_params, tokenizer, beam):
-    warnings = []
-    translator = _translator(model_and_params, tokenizer, beam, warnings)
+def test_one_output_per_input_in_order(translators, beam):
+    translator, warnings = translators(beam)
     lines = [
         "the dog runs",
         "",
@@ -76,8 +99,8 @@ def test_one_output_per_input_in_order(model_and_params, tokenizer, beam):
         assert translator.translate([line]) == [output]
 
 
-def test_stream_writes_exactly_one_line_per_input(model_and_params, tokenizer):
-    translator = _translator(model_and_params, tokenizer, beam=1)
+def test_stream_writes_exactly_one_line_per_input(translators):
+    translator, _ = translators(1)
     source = io.StringIO("the dog\n\nred\r\nblue mat\n")
     target = io.StringIO()
     count = translator.translate_stream(source, target, chunk_lines=2)
@@ -87,18 +110,47 @@ def test_stream_writes_exactly_one_line_per_input(model_and_params, tokenizer):
     assert written[1] == ""
 
 
-def _greedy_without_cache(model, params, src, steps):
-    """Brute force: rerun the whole teacher-forced model on the prefix at every step."""
-    out = jnp.zeros((src.shape[0], 0), jnp.int32)
-    for _ in range(steps):
-        # The last position of __call__ predicts the token after the prefix; the appended
-        # filler is shifted out of the decoder input.
-        filler = jnp.full((src.shape[0], 1), EOS_ID, jnp.int32)
-        logits = model.apply({"params": params}, src, jnp.concatenate([out, filler], axis=1))
-        logp = jax.nn.log_softmax(logits[:, -1].astype(jnp.float32))
-        logp = logp.at[:, PAD_ID].set(-jnp.inf).at[:, BOS_ID].set(-jnp.inf)
-        out = jnp.concatenate([out, jnp.argmax(logp, axis=-1)[:, None].astype(jnp.int32)], axis=1)
-    return np.asarray(out)
+# XLA's backend at optimisation level 0 (decode.xla_backend_optimization_level) compiles
+# these searches about twice as fast; the tests compare token ids, not timings.
+FAST_COMPILE = compiler_options(0)
+
+
+@functools.cache
+def _jitted_decode(configs: tuple[ModelConfig, ...], **settings):
+    """decode_batch compiled as a Translator compiles it (configs and settings fixed,
+    parameters and source traced), once per setting and batch shape for all the tests."""
+    decode = functools.partial(decode_batch, list(configs), **settings)
+    return jax.jit(decode, compiler_options=FAST_COMPILE)
+
+
+def _decode(configs, params_list, src, **settings):
+    return np.asarray(_jitted_decode(tuple(configs), **settings)(list(params_list), src))
+
+
+@functools.cache
+def _jitted_forward(config: ModelConfig):
+    model = Transformer(config)
+
+    def forward(params, src, tgt):
+        return model.apply({"params": params}, src, tgt)
+
+    return jax.jit(forward, compiler_options=FAST_COMPILE)
+
+
+def _greedy_without_cache(config, params, src, steps):
+    """Brute force: rerun the whole teacher-forced model on the prefix at every step (no
+    cache, no search). The target buffer is `steps` wide, the prefix followed by filler:
+    the logits at the prefix's end see only the prefix (the decoder is causal, as
+    tests/model/test_transformer.py holds), and one compiled forward serves every step."""
+    forward = _jitted_forward(config)
+    out = np.full((src.shape[0], steps), EOS_ID, np.int32)
+    for step in range(steps):
+        # Position `step` reads BOS + out[:step] and predicts the token after the prefix.
+        logits = forward(params, src, out)
+        logp = np.array(jax.nn.log_softmax(logits[:, step].astype(jnp.float32)))
+        logp[:, [PAD_ID, BOS_ID]] = -np.inf
+        out[:, step] = np.argmax(logp, axis=-1)
+    return out
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -115,15 +167,14 @@ def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
         max_positions=None,
         initial_cache_length=initial_cache_length,
     )
-    got = np.asarray(decode_batch([config], [params], src, **kwargs))
+    got = _decode([config], [params], src, **kwargs)
     if initial_cache_length:
         # Growing caches (room 1, 2, 4, 8, 9 or 3, 6, 9) must have grown in this batch.
         assert (got != PAD_ID).sum(axis=1).max() > 2 * initial_cache_length
-        full = decode_batch([config], [params], src, **{**kwargs, "initial_cache_length": 0})
-        np.testing.assert_array_equal(got, np.asarray(full))
-    model = Transformer(config)
+        full = _decode([config], [params], src, **{**kwargs, "initial_cache_length": 0})
+        np.testing.assert_array_equal(got, full)
     if beam == 1:
-        expected = _greedy_without_cache(model, params, src, got.shape[1])
+        expected = _greedy_without_cache(config, params, src, got.shape[1])
         for row in range(src.shape[0]):
             eos = list(got[row]).index(EOS_ID)
             limit = int(np.sum(np.asarray(src[row]) != PAD_ID)) + 4  # input length + offset
@@ -131,28 +182,30 @@ def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
             end = eos + 1 if eos < limit - 1 else eos
             np.testing.assert_array_equal(got[row, :end], expected[row, :end])
     # Each sentence decoded alone gives the same result: no beam attends to another
-    # sentence's encoder keys/values.
+    # sentence's encoder keys/values. "Alone": in a batch of copies of itself (the same
+    # compiled shape), where reading another row's keys/values would change nothing.
     for row in range(src.shape[0]):
-        alone = decode_batch([config], [params], src[row : row + 1], **kwargs)
-        np.testing.assert_array_equal(np.asarray(alone)[0], got[row])
+        copies = _decode([config], [params], jnp.broadcast_to(src[row], src.shape), **kwargs)
+        np.testing.assert_array_equal(copies, np.broadcast_to(got[row], got.shape))
 
 
 def test_ensemble_with_growing_caches_matches_full_caches(model_and_params):
     # An ensemble carries a tuple of caches; growing must reach every member's.
     config, params = model_and_params
-    tokens = jnp.ones((1, 8), jnp.int32)
-    other = nn.meta.unbox(Transformer(config).init(jax.random.PRNGKey(1), tokens, tokens)["params"])
+    other = _init_params(config, 1)
     src = jnp.array([[5, 9, 7, EOS_ID, PAD_ID], [11, 6, 8, 12, EOS_ID]])
     kwargs = dict(beam_size=2, alpha=0.6, max_len_offset=6, max_positions=None)
-    full = decode_batch([config, config], [params, other], src, **kwargs, initial_cache_length=0)
-    grown = decode_batch([config, config], [params, other], src, **kwargs, initial_cache_length=2)
-    assert (np.asarray(full) != PAD_ID).sum(axis=1).max() > 4  # room 2 → 4 → 8 → 11 was used
-    np.testing.assert_array_equal(np.asarray(grown), np.asarray(full))
+    configs, both = [config, config], [params, other]
+    full = _decode(configs, both, src, **kwargs, initial_cache_length=0)
+    grown = _decode(configs, both, src, **kwargs, initial_cache_length=2)
+    assert (full != PAD_ID).sum(axis=1).max() > 4  # room 2 → 4 → 8 → 11 was used
+    np.testing.assert_array_equal(grown, full)
 
 
 def _sampler(model_and_params, tokenizer, **decode):
     config, params = model_and_params
     settings = {"max_len_offset": 5, "batch_sentences": 4, "sample": True, **decode}
+    settings.setdefault("xla_backend_optimization_level", 0)
     return Translator([config], [params], tokenizer, DecodeConfig(**settings))
 
 
@@ -174,8 +227,8 @@ def test_sampling_is_fixed_by_the_seed_whatever_the_batching(model_and_params, t
     assert other != first and first[2] == other[2] == ""
 
 
-def test_top_1_sampling_is_greedy_search(model_and_params, tokenizer):
-    greedy = _translator(model_and_params, tokenizer, beam=1).translate(SAMPLED)
+def test_top_1_sampling_is_greedy_search(model_and_params, tokenizer, translators):
+    greedy = translators(1)[0].translate(SAMPLED)
     sampled = _sampler(model_and_params, tokenizer, seed=3, top_k=1, temperature=2.0)
     assert sampled.translate(SAMPLED) == greedy
     hot = _sampler(model_and_params, tokenizer, seed=3, temperature=5.0).translate(SAMPLED)

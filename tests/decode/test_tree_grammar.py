@@ -4,13 +4,16 @@ that fit the length limit, and a search under it always ends in one of them."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnmt.compile_options import compiler_options
 from attnmt.decode import beam_search as search
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -21,47 +24,80 @@ VOCAB = 12
 TREE_IDS = sorted(SYMBOLS)
 
 
-def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
-    """Independent check: one root, balanced and label-matched brackets, every constituent
-    non-empty, leaves only inside the root, exactly `leaves` of them."""
+def tree_leaves(tokens: tuple[str, ...], closers: frozenset[str] | None = None) -> int | None:
+    """Independent check: the number of leaves of `tokens` if they are one tree (one root,
+    balanced brackets, every constituent non-empty, leaves only inside the root), else None.
+    A closing bracket must carry its constituent's label; one whose label has no closing
+    piece (not in `closers`; None: every label has one) may be closed by any of them."""
     stack: list[tuple[str, int]] = []  # (label, children so far)
     closed_root = False
     count = 0
     for token in tokens:
         if closed_root:
-            return False
+            return None
         if token.startswith("("):
             if stack:
                 stack[-1] = (stack[-1][0], stack[-1][1] + 1)
-            elif count or closed_root:
-                return False
+            elif count:
+                return None
             stack.append((token[1:], 0))
         elif token.startswith(")"):
-            if not stack or stack[-1][0] != token[1:] or stack[-1][1] == 0:
-                return False
+            if not stack or stack[-1][1] == 0:
+                return None
+            label = stack[-1][0]
+            if token[1:] != label and (closers is None or label in closers):
+                return None
             stack.pop()
             closed_root = not stack
         else:
             if not stack:
-                return False
+                return None
             stack[-1] = (stack[-1][0], stack[-1][1] + 1)
             count += 1
-    return closed_root and count == leaves
+    return count if closed_root else None
+
+
+def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
+    """One tree, labels matched, with exactly `leaves` leaves."""
+    return tree_leaves(tokens) == leaves
+
+
+MAX_LIMIT = 8  # the longest length limit of the brute-force tests (EOS included)
+
+
+@functools.cache
+def _all_trees() -> dict[int, frozenset[tuple[str, ...]]]:
+    """Leaf count → every tree of at most MAX_LIMIT - 1 tokens over the pieces: every
+    sequence enumerated, once for all the tests."""
+    pieces = [SYMBOLS[i] for i in TREE_IDS]
+    closers = frozenset(token[1:] for token in pieces if token.startswith(")"))
+    found: dict[int, set[tuple[str, ...]]] = {}
+    for n in range(1, MAX_LIMIT):
+        for tokens in itertools.product(pieces, repeat=n):
+            leaves = tree_leaves(tokens, closers)
+            if leaves is not None:
+                found.setdefault(leaves, set()).add(tokens)
+    return {leaves: frozenset(trees) for leaves, trees in found.items()}
 
 
 def brute_force(leaves: int, limit: int) -> set[tuple[str, ...]]:
-    """All trees of at most limit - 1 tokens (EOS takes the last slot) over the pieces."""
-    pieces = [SYMBOLS[i] for i in TREE_IDS]
-    found = set()
-    for n in range(1, limit):
-        for tokens in itertools.product(pieces, repeat=n):
-            if is_tree(tokens, leaves):
-                found.add(tokens)
-    return found
+    """All trees with `leaves` leaves of at most limit - 1 tokens (EOS takes the last slot)
+    over the pieces, `(VP` closed by any closing bracket (the vocabulary has no `)VP`)."""
+    assert limit <= MAX_LIMIT
+    return {tokens for tokens in _all_trees().get(leaves, ()) if len(tokens) < limit}
+
+
+@functools.cache
+def jitted_banned(copy_words: bool) -> tuple[TreeGrammar, Callable[..., jax.Array]]:
+    """The grammar of SYMBOLS (BRACKETS with copy_words) and its jitted `banned`, shared by
+    every test: each prefix shape compiles once."""
+    grammar = TreeGrammar.from_symbols(BRACKETS if copy_words else SYMBOLS, VOCAB, copy_words)
+    assert grammar is not None and grammar.copy_words == copy_words
+    return grammar, jax.jit(grammar.banned)
 
 
 def grammar_walk(
-    grammar: TreeGrammar,
+    copy_words: bool,
     leaves: int,
     limit: int,
     copy: tuple[np.ndarray, np.ndarray] | None = None,
@@ -69,14 +105,15 @@ def grammar_walk(
     never: frozenset[int] = frozenset({PAD_ID, 4, 11}),
 ) -> set[tuple[str, ...]]:
     """Every sequence the grammar allows, step by step, until EOS (`copy`: one row's word
-    pieces and starts, for a copying grammar)."""
+    pieces and starts, for a copying grammar). Prefixes are MAX_LIMIT wide whatever the
+    limit (positions from the step on are ignored), so that few shapes compile."""
+    _, banned_fn = jitted_banned(copy_words)
     done, frontier = set(), [()]
-    banned_fn = jax.jit(grammar.banned)
     for step in range(limit):
         if not frontier:
             break
-        rows = 1 << max(3, (len(frontier) - 1).bit_length())  # few shapes to compile
-        prefixes = np.full((rows, 1, limit), PAD_ID, np.int32)
+        rows = 1 << max(4, (len(frontier) - 1).bit_length())  # few shapes to compile
+        prefixes = np.full((rows, 1, MAX_LIMIT), PAD_ID, np.int32)
         for row, prefix in enumerate(frontier):
             prefixes[row, 0, :step] = prefix
         rows_copy = None if copy is None else tuple(np.repeat(a[None], rows, 0) for a in copy)
@@ -105,15 +142,27 @@ def grammar_walk(
     return done
 
 
+def test_the_brute_force_closes_vp_with_any_bracket_and_the_rest_by_label():
+    """The reference itself, on hand cases: `(VP` (no `)VP` piece) takes any closing
+    bracket, `(NP` only its own."""
+    closers = frozenset({"S", "NP"})
+    assert tree_leaves(("(S", "(VP", "XX", ")NP", ")S"), closers) == 1
+    assert tree_leaves(("(VP", "XX", ")S"), closers) == 1
+    assert tree_leaves(("(S", "(NP", "XX", ")S", ")S"), closers) is None
+    assert tree_leaves(("(S", "(VP", ")NP", ")S"), closers) is None  # empty constituent
+    assert tree_leaves(("(S", "(VP", "XX", ")NP", ")S")) is None  # labels must match
+    assert ("(VP", "XX", ")S") in brute_force(1, 5)
+    assert ("(S", "(VP", "XX", ")NP", ")S") not in brute_force(1, 5)  # 5 tokens + EOS > 5
+    assert ("(S", "(VP", "XX", ")NP", ")S") in brute_force(1, 6)
+
+
 @pytest.mark.parametrize("leaves, limit", [(1, 5), (1, 7), (2, 7), (3, 8)])
 def test_the_grammar_allows_exactly_the_trees_with_the_words_that_fit(leaves, limit):
-    grammar = TreeGrammar.from_symbols(SYMBOLS, VOCAB)
-    assert grammar is not None
-    # (VP has no closing piece in this vocabulary, so any closing bracket may close it;
-    # the brute force (labels must match) speaks for the trees without it.
-    allowed = grammar_walk(grammar, leaves, limit)
-    expected = {tokens for tokens in brute_force(leaves, limit) if "(VP" not in tokens}
-    assert {t for t in allowed if "(VP" not in t} == expected
+    # (VP has no closing piece in this vocabulary, so any closing bracket may close it.
+    allowed = grammar_walk(False, leaves, limit)
+    expected = brute_force(leaves, limit)
+    assert allowed == expected
+    assert any("(VP" in tokens for tokens in expected) == (leaves + 3 <= limit)
     assert expected or leaves + 3 > limit
 
 
@@ -129,8 +178,7 @@ PIECES = {3: "<unk>", 4: "▁a", 9: "▁b", 11: "c"}
 def test_a_copying_grammar_writes_exactly_the_trees_over_the_words_pieces(sentence, limit):
     """The sequences allowed are the brute-force trees with one XX per word, each XX spelled
     out as that word's pieces, that fit the limit."""
-    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, copy_words=True)
-    assert grammar is not None and grammar.copy_words
+    grammar, _ = jitted_banned(True)
     width = 6
     pieces = np.full(width, -1, np.int32)
     starts = np.zeros(width, bool)
@@ -138,27 +186,26 @@ def test_a_copying_grammar_writes_exactly_the_trees_over_the_words_pieces(senten
     pieces[: len(flat)] = flat
     starts[np.cumsum([0] + [len(word) for word in sentence[:-1]])] = True
     names = {**BRACKETS, **PIECES}
-    allowed = grammar_walk(grammar, 99, limit, (pieces, starts), names, frozenset({PAD_ID, BOS_ID}))
+    allowed = grammar_walk(True, 99, limit, (pieces, starts), names, frozenset({PAD_ID, BOS_ID}))
     expected = set()
     for tree in brute_force(len(sentence), limit):
-        if "(VP" in tree:
-            continue
         spelled, word = [], iter(sentence)
         for token in tree:
             spelled += [PIECES[p] for p in next(word)] if token == "XX" else [token]
         if len(spelled) + 1 <= limit:
             expected.add(tuple(spelled))
-    assert expected
-    assert {t for t in allowed if "(VP" not in t} == expected
+    assert expected and any("(VP" in tokens for tokens in expected)
+    assert allowed == expected
     with pytest.raises(ValueError, match="word pieces"):
         grammar.banned(jnp.zeros((1, 1, 4), jnp.int32), jnp.asarray(0), jnp.ones(1), jnp.ones(1))
 
 
 def test_a_limit_too_short_for_the_words_leaves_the_row_unconstrained():
-    grammar = TreeGrammar.from_symbols(SYMBOLS, VOCAB)
-    prefixes = jnp.full((1, 1, 4), PAD_ID, jnp.int32)
-    banned = grammar.banned(prefixes, jnp.asarray(0), jnp.asarray([5]), jnp.asarray([4]))
-    assert not np.asarray(banned).any()
+    _, banned_fn = jitted_banned(False)
+    prefixes = jnp.full((16, 1, MAX_LIMIT), PAD_ID, jnp.int32)
+    words, limits = jnp.full(16, 5).at[1].set(1), jnp.full(16, 4)
+    banned = np.asarray(banned_fn(prefixes, jnp.asarray(0), words, limits, None))
+    assert not banned[0].any() and banned[1].any()  # row 1's one word fits: constrained
 
 
 def test_a_vocabulary_without_tree_pieces_has_no_grammar():
@@ -216,10 +263,16 @@ def test_beam_and_greedy_search_under_the_grammar_write_trees(copy_words):
     common = dict(
         batch_size=batch, max_decode_len=max_len, max_lengths=row_max, constraint=constraint
     )
-    beams, scores = search.beam_search(
-        tokens_to_logits, jnp.asarray(0), beam_size=beam, alpha=0.3, **common
-    )
-    greedy, _ = search.greedy_search(tokens_to_logits, jnp.asarray(0), **common)
+
+    @functools.partial(jax.jit, compiler_options=compiler_options(0))  # compiles faster
+    def both_searches():
+        beams, scores = search.beam_search(
+            tokens_to_logits, jnp.asarray(0), beam_size=beam, alpha=0.3, **common
+        )
+        greedy, _ = search.greedy_search(tokens_to_logits, jnp.asarray(0), **common)
+        return beams, scores, greedy
+
+    beams, scores, greedy = both_searches()
     outputs = [(b, np.asarray(beams)[b, k]) for b in range(batch) for k in range(beam)]
     outputs += [(b, np.asarray(greedy)[b]) for b in range(batch)]
     assert np.isfinite(np.asarray(scores)).all()
@@ -240,7 +293,8 @@ def test_a_copying_grammar_scores_a_word_as_the_chance_of_any_word():
     """Against float64 NumPy: at a word's first piece the forced piece is scored with the
     log-sum of every leaf piece's probability, a later piece of the word with 0, brackets
     keep their own, banned tokens -inf."""
-    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, copy_words=True)
+    grammar, _ = jitted_banned(True)
+    constrain = jax.jit(grammar.constrain)
     rng = np.random.default_rng(1)
     log_probs = rng.normal(size=(1, 3, VOCAB)) - 3.0
     # Beam 0: "(S" placed, the next word "▁b c" begins; beam 1: "(S ▁b" placed, "c" next;
@@ -255,7 +309,7 @@ def test_a_copying_grammar_scores_a_word_as_the_chance_of_any_word():
     leaf_ids = [i for i in range(VOCAB) if i not in BRACKETS and i not in (PAD_ID, 1, BOS_ID)]
     for beam, step in enumerate(steps):
         got = np.asarray(
-            grammar.constrain(
+            constrain(
                 jnp.asarray(prefixes[:, beam : beam + 1]),
                 jnp.asarray(step),
                 jnp.asarray(log_probs[:, beam : beam + 1], jnp.float32),

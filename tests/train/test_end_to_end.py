@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import time
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
 from attnmt.experiment import Experiment
+from attnmt.special_tokens import PAD_ID
 from attnmt.train.assemble import build_trainer
 from tests.equivalence import assert_same_losses, assert_same_updates
 from tests.test_config import CONFIGS
@@ -122,20 +124,97 @@ def test_cli_refuses_workdirs_that_cannot_work_before_writing_anything(
     assert list(tmp_path.iterdir()) == []  # no local "gs:" folder was created
 
 
+def matmul_count_train_flops(model, src_len: int, tgt_len: int) -> int:
+    """Training FLOPs of one sentence pair, matmul by matmul: 2·m·k·n for each [m,k]×[k,n]
+    product the Transformer computes for s real source and t real target positions (the
+    decoder reads BOS + t−1 tokens), a causal query seeing only itself and earlier keys;
+    backward = two forwards. An exact integer (no float rounding)."""
+    s, t = src_len, tgt_len
+    d, ff, h, dk, dv = model.d_model, model.d_ff, model.num_heads, model.d_k, model.d_v
+
+    def mm(m: int, k: int, n: int) -> int:
+        return 2 * m * k * n
+
+    def projections(queries: int, keys: int) -> int:  # W^Q; W^K, W^V; W^O
+        q = mm(queries, d, h * dk)
+        return q + mm(keys, d, h * dk) + mm(keys, d, h * dv) + mm(queries, h * dv, d)
+
+    def ffn(n: int) -> int:
+        return mm(n, d, ff) + mm(n, ff, d)
+
+    encoder = projections(s, s) + h * (mm(s, dk, s) + mm(s, s, dv)) + ffn(s)
+    causal = sum(h * (mm(1, dk, i) + mm(1, i, dv)) for i in range(1, t + 1))  # query i: i keys
+    cross = projections(t, s) + h * (mm(t, dk, s) + mm(t, s, dv))
+    decoder = projections(t, t) + causal + cross + ffn(t)
+    output = mm(t, d, model.vocab_size)  # the shared embedding as output layer
+    return 3 * (model.num_layers * (encoder + decoder) + output)
+
+
+class _RecordingBatches:
+    """The trainer's batch iterator, keeping a copy of every batch it hands out."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self.inner)
+        self.batches.append({key: np.array(value) for key, value in batch.items()})
+        return batch
+
+    def __getattr__(self, name):  # get_state / set_state for the checkpoint
+        return getattr(self.inner, name)
+
+
 def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path):
+    """The last log window's model TFLOP/s and MFU against an independent count: the
+    matmul FLOPs of the very batches the window trained on (counted here, shape by shape),
+    over the window's wall-clock time (its logged step time × its updates, within the
+    measured run) and the peak the run was told, times the devices the mesh spans."""
+    peak_tflops = 0.002
     overrides = [
         *_overrides(reversal_corpus, 6),
+        "--config.data.max_length=8",  # one bucket shape: one compile
+        "--config.parallel.num_devices=2",  # a mesh over 2 of the 8 devices
+        "--config.train.eval_every_steps=0",
+        "--config.train.memory_preflight=false",
+        "--config.train.xla_backend_optimization_level=0",
         "--config.train.log_every_steps=3",
-        "--config.train.peak_tflops_per_device=0.002",
+        f"--config.train.peak_tflops_per_device={peak_tflops}",
         "--config.train.profile_first_step=2",
         "--config.train.profile_num_steps=2",
     ]
-    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
+    experiment = _experiment(overrides)
+    trainer = build_trainer(experiment, tmp_path / "run")
+    recorder = _RecordingBatches(trainer.train_batches)
+    trainer.train_batches = recorder
+    started = time.monotonic()
     result = trainer.run()
+    measured = time.monotonic() - started
     logged = result.last_train
-    assert logged["model_tflops_per_second"] > 0
-    expected_mfu = logged["model_tflops_per_second"] / (0.002 * jax.local_device_count())
-    assert logged["mfu"] == pytest.approx(expected_mfu)
+    assert result.step == 6 and len(recorder.batches) == 6
+    window = recorder.batches[3:]  # updates 4-6: the last log line's
+
+    flops = tokens = 0
+    for batch in window:
+        assert "src_segments" not in batch  # unpacked rows: one example per row
+        src_lengths = (batch["src_tokens"] != PAD_ID).sum(axis=1).tolist()
+        tgt_lengths = (batch["tgt_tokens"] != PAD_ID).sum(axis=1).tolist()
+        for s, t in zip(src_lengths, tgt_lengths, strict=True):
+            if s or t:  # an all-PAD filler row is no example
+                flops += matmul_count_train_flops(experiment.model, s, t)
+        tokens += sum(tgt_lengths)
+    elapsed = logged["step_time"] * len(window)
+    assert 0 < elapsed < measured
+    devices = trainer.mesh.devices.size
+    assert devices == 2 < jax.device_count()  # the idle devices are no part of the run's peak
+    peak = peak_tflops * 1e12 * devices
+    assert logged["target_tokens"] == tokens
+    assert logged["tokens_per_second"] == pytest.approx(tokens / elapsed, rel=1e-9)
+    assert logged["model_tflops_per_second"] == pytest.approx(flops / elapsed / 1e12, rel=1e-9)
+    assert logged["mfu"] == pytest.approx(flops / (elapsed * peak), rel=1e-9)
     traces = list((tmp_path / "run" / "profile").rglob("*.xplane.pb"))
     assert traces, "no jax.profiler trace written"
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import array
 import io
+import itertools
+import math
 import os
+import random
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
@@ -38,15 +44,17 @@ def train_vocab(
     Pass source and target sentences interleaved. ``whole_words``: space-delimited words
     that must each stay one piece (a parsing target's brackets and ``XX``). Writes
     ``model_path`` and the matching ``.vocab`` file atomically; returns ``model_path``.
-    The same input and seed give the same model.
+    Above ``max_sentences`` sentences, a uniform sample of that many (``seed``) trains it.
+    The same input and seed give the same bytes in any process.
     """
     _check_vocab_request(vocab_size, model_type)
     model_path = as_path(model_path, "vocabulary path")
     vocab_path = model_path.with_suffix(".vocab")
 
-    # Reservoir sampling of input sentences (when there are more than max_sentences)
-    # draws from sentencepiece's global generator: seed it so training is reproducible.
-    spm.set_random_generator_seed(seed)
+    # sentencepiece's own sampling (input_sentence_size with shuffle_input_sentence) gives a
+    # different sample in every process whatever its generator's seed; sample here instead,
+    # the same in any process, and let sentencepiece load exactly what it is given.
+    spm.set_random_generator_seed(seed)  # for anything else sentencepiece draws
     fed = 0
 
     def counted() -> Iterator[str]:
@@ -55,18 +63,19 @@ def train_vocab(
             fed += 1
             yield text
 
+    sample = _sample_sentences(counted(), max_sentences, seed)
     # Train in memory (model_writer) rather than to a file prefix: the prefix would be
     # recorded in the model, so the same input would not give the same bytes.
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=counted(),
+            sentence_iterator=iter(sample),
             model_writer=proto,
             vocab_size=vocab_size,
             model_type=model_type,
             character_coverage=character_coverage,
-            input_sentence_size=max_sentences,
-            shuffle_input_sentence=True,
+            input_sentence_size=0,  # load every sentence given: the sample above
+            shuffle_input_sentence=False,
             hard_vocab_limit=False,
             pad_id=PAD_ID,
             eos_id=EOS_ID,
@@ -84,6 +93,50 @@ def train_vocab(
     write_bytes_atomic(vocab_path, _vocab_listing(model_bytes).encode("utf-8"))
     write_bytes_atomic(model_path, model_bytes)
     return model_path
+
+
+def _sample_sentences(texts: Iterable[str], size: int, seed: int) -> list[str]:
+    """A uniform random sample of ``size`` of ``texts`` (all of them if there are no more),
+    in corpus order; the same for the same input and seed in any process.
+
+    Reservoir sampling by Li's Algorithm L (ACM TOMS 20(4), 1994): the gap to the next
+    sentence that enters the reservoir is drawn directly, so only O(size·log(n/size)) random
+    numbers are drawn for n sentences and the ones between are skipped at C speed. Only
+    ``random.Random.random`` is used: for an integer seed Python guarantees its sequence
+    across versions (``randrange`` has no such promise).
+    """
+    if size <= 0:
+        raise DataError(f"max_sentences={size}: the vocabulary needs at least one sentence")
+    it = iter(texts)
+    kept = list(itertools.islice(it, size))
+    if len(kept) < size:
+        return kept
+    rng = random.Random(seed)
+
+    def uniform() -> float:  # in (0, 1): its log is finite
+        u = rng.random()
+        while u == 0.0:
+            u = rng.random()
+        return u
+
+    where = array.array("q", range(size))  # the corpus index of each kept sentence
+    index = size - 1  # of the last sentence read
+    log_w = 0.0  # log W, W being the largest of the kept sentences' `size` uniform keys
+    end = object()
+    while True:
+        log_w += math.log(uniform()) / size
+        w = math.exp(log_w)
+        log_1mw = math.log(-math.expm1(log_w)) if w > 0.5 else math.log1p(-w)  # log(1 - W)
+        gap = min(int(math.log(uniform()) / log_1mw) + 1, sys.maxsize)
+        text = next(itertools.islice(it, gap - 1, None), end)  # skips gap - 1 sentences
+        if text is end:
+            break
+        index += gap
+        slot = min(int(uniform() * size), size - 1)
+        kept[slot] = text
+        where[slot] = index
+    order = np.argsort(np.frombuffer(where, dtype=np.int64), kind="stable")
+    return [kept[j] for j in order]
 
 
 def _check_vocab_request(vocab_size: int, model_type: str) -> None:

@@ -38,9 +38,9 @@ class TrainConfig:
     # Dropout's random bits: "threefry" (identical on every mesh) or "rbg" (XLA's
     # RngBitGenerator: cheaper per bit, deterministic per key, may differ across meshes).
     dropout_rng: str = "threefry"
-    # MFU in the logs = model TFLOP/s (attnmt.model.flops) ÷ (this × local devices). Use the
-    # accelerator's dense peak for the compute dtype, or bench/matmul_ceiling.py on a CPU;
-    # 0 = log model TFLOP/s only.
+    # MFU in the logs = model TFLOP/s (attnmt.model.flops) ÷ (this × the devices of the
+    # run's mesh). Use the accelerator's dense peak for the compute dtype, or
+    # bench/matmul_ceiling.py on a CPU; 0 = log model TFLOP/s only.
     peak_tflops_per_device: float = 0.0
     profile_first_step: int = 0  # trace updates first+1 … first+num with jax.profiler
     profile_num_steps: int = 0  # 0 = no trace; written to <workdir>/profile

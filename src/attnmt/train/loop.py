@@ -244,7 +244,7 @@ class Trainer:
         )
         peak = self.experiment.train.peak_tflops_per_device
         if peak:
-            summary["mfu"] = tflops / (peak * jax.device_count())
+            summary["mfu"] = tflops / (peak * self.mesh.devices.size)  # the job-wide mesh
         summary.pop("tokens", None)
         self.metrics.write("train", step, summary)
         return summary
