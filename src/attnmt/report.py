@@ -23,7 +23,7 @@ from typing import Any
 from etils import epath
 
 from attnmt.errors import UserError
-from attnmt.storage import as_path
+from attnmt.storage import as_path, is_remote
 
 # Preference order when a BLEU event holds several scores: the dataset's own convention
 # first (Multi30K), then the paper's tokenized BLEU, then sacreBLEU.
@@ -127,11 +127,18 @@ def find_runs(root: epath.Path) -> list[epath.Path]:
 
 
 def newest_checkpoint_step(workdir: epath.Path) -> int | None:
-    """The largest step folder in <workdir>/checkpoints (Orbax's temporary ones excluded)."""
+    """The largest finished step in <workdir>/checkpoints: Orbax's temporary folders are
+    excluded, and in a bucket (where a folder cannot be renamed) a step counts once its
+    commit_success.txt is written."""
     directory = workdir / "checkpoints"
     if not directory.is_dir():
         return None
-    steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()]
+    remote = is_remote(directory)
+    steps = [
+        int(child.name)
+        for child in directory.iterdir()
+        if child.name.isdigit() and (not remote or (child / "commit_success.txt").exists())
+    ]
     return max(steps, default=None)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir
 from attnmt.data.pair_tokenizer import PairTokenizer
 from attnmt.data.prepare import vocab_path
 from attnmt.data.tokenizer import Tokenizer
@@ -56,6 +56,9 @@ def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
     """Config, vocabulary and parameters of a workdir's newest (or given) checkpoint
     (a local folder or one in a bucket)."""
     workdir = as_path(workdir, "--workdir")
+    directory = checkpoint_dir(workdir)
+    if not as_path(directory).is_dir():  # checked first: opening a manager creates the folder
+        raise CheckpointError(f"no checkpoint in {directory}: train first, or check --workdir")
     manager = CheckpointManager(workdir)
     try:
         steps_present = manager.all_steps()

@@ -8,7 +8,10 @@ split yields random text with the dataset's features), each launcher line runs w
 `--dry-run`, and the `attnmt train` command a launcher would start on its workers is run
 here with a tiny model appended, as are the `attnmt average` and `attnmt evaluate` lines.
 So a renamed flag, a config key that does not exist, a launcher that renders another
-command, or an average of more checkpoints than the schedule keeps, fails this test.
+command, or an average of more checkpoints than the schedule keeps, fails this test. Each
+run trains one checkpoint more than it averages, and the averaged parameters are checked
+against the float64 mean of exactly the last K (5 base, 20 big: §6.1) of the checkpoints
+on disk, read here with Orbax directly.
 Also: the cost estimate quoted there (bench/pod_cost.py) against hand arithmetic.
 """
 
@@ -19,6 +22,9 @@ import shlex
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import yaml
 
@@ -30,24 +36,29 @@ from attnmt.cli.main import main  # noqa: E402
 
 DOC = REPO / "docs" / "REPRODUCING.md"
 BEGIN, END = "<!-- wmt14-recipe: begin", "<!-- wmt14-recipe: end -->"
-# A model small enough to compile and train in seconds, a checkpoint after every update, and
-# as many updates as the recipe averages (5 for base, 20 for big).
+# §6.1: base models average the last 5 checkpoints, big ones the last 20.
+AVERAGED = {"base": 5, "big": 20}
+EXTRA_STEPS = 1  # a checkpoint beyond the averaged ones, which the average must leave out
+# An untrained model emits until the length limit: a short limit keeps decoding short.
+FAST_DECODE = [
+    "--config.decode.xla_backend_optimization_level=0",
+    "--config.decode.max_len_offset=4",
+]
+# A model small enough to compile and train in seconds, one bucket shape (one compile), a
+# checkpoint after every update, and the test BLEU at the end decoded as cheaply as above.
 TINY = [
     *TINY_MODEL,
     "--config.model.vocab_size=40",
     "--config.data.tokens_per_batch=512",
     "--config.data.max_length=16",
+    "--config.data.min_bucket_length=16",
     "--config.train.checkpoint_every_steps=1",
     "--config.train.eval_every_steps=0",
     "--config.train.log_every_steps=10",
     "--config.train.memory_preflight=false",
     "--config.train.xla_backend_optimization_level=0",
     "--config.parallel.num_devices=1",
-]
-# An untrained model emits until the length limit: a short limit keeps decoding short.
-FAST_DECODE = [
-    "--config.decode.xla_backend_optimization_level=0",
-    "--config.decode.max_len_offset=4",
+    *FAST_DECODE,
 ]
 SENTENCES = 32  # per split of the mock dataset
 
@@ -144,7 +155,8 @@ class Recipe:
             assert main(["params", "--config", config, *overrides, *TINY]) == 0
             self.ran.append("params")
             return
-        steps = 20 if "variant=big" in config else 5
+        variant = re.search(r":variant=(\w+)", config).group(1)
+        steps = AVERAGED[variant] + EXTRA_STEPS
         assert main([*argv, *TINY, f"--config.train.num_steps={steps}"]) == 0, argv
         self.trained[workdir] = argv
         self.ran.append("train")
@@ -157,8 +169,91 @@ class Recipe:
         self.ran.append(argv[0])
 
 
+def saved_steps(checkpoints: Path) -> list[int]:
+    """The finished steps of a checkpoints folder: Orbax names a finished step by its number
+    (an unfinished save's folder has a suffix)."""
+    return sorted(int(path.name) for path in checkpoints.iterdir() if path.name.isdigit())
+
+
+class ParamsReader:
+    """Path -> array of the parameters in a step folder, read with Orbax's own checkpointer
+    (not attnmt's manager or averaging code). The tree is read once, from the first step
+    asked for: the steps of one run share it."""
+
+    def __init__(self) -> None:
+        self.checkpointer = ocp.PyTreeCheckpointer()
+        self.args: ocp.args.PyTreeRestore | None = None
+
+    def __call__(self, step_dir: Path) -> dict[str, np.ndarray]:
+        if self.args is None:
+            tree = self.checkpointer.metadata(step_dir / "state").item_metadata.tree
+            params = {"params": tree["params"]}
+            as_numpy = lambda _: ocp.RestoreArgs(restore_type=np.ndarray)  # noqa: E731
+            self.args = ocp.args.PyTreeRestore(
+                item=params,
+                restore_args=jax.tree_util.tree_map(as_numpy, params),
+                partial_restore=True,  # the parameters only, not the optimizer state
+            )
+        state = self.checkpointer.restore(step_dir / "state", args=self.args)
+        leaves = jax.tree_util.tree_flatten_with_path(state["params"])[0]
+        return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def ulps_apart(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """|got - want| in units of float32 spacing at `got`."""
+    return np.abs(got.astype(np.float64) - want) / np.spacing(np.abs(got)).astype(np.float64)
+
+
+def assert_average_of_last(run: Path, last: int, trained: int, keep: int = 20) -> None:
+    """`run/average-last<last>` holds the float64 mean of the newest `last` checkpoints."""
+    steps = saved_steps(run / "checkpoints")
+    assert steps == list(range(max(1, trained - keep + 1), trained + 1)), steps  # the schedule's
+    averaged_dir = run / f"average-last{last}" / "checkpoints"
+    assert saved_steps(averaged_dir) == [trained]  # numbered as the newest averaged step
+    read = ParamsReader()
+    got = read(averaged_dir / str(trained))
+    windows = [w for w in (last - 1, last, last + 1) if w <= len(steps)]
+    params = {s: read(run / "checkpoints" / str(s)) for s in steps[-max(windows) :]}
+    assert all(p.keys() == got.keys() for p in params.values())
+
+    def mean(window: int) -> dict[str, np.ndarray]:
+        chosen = [params[s] for s in steps[-window:]]
+        return {n: np.mean([p[n].astype(np.float64) for p in chosen], axis=0) for n in got}
+
+    # The float64 mean rounded to float32 is within half a float32 spacing of it; the code's
+    # float64 sum in another order moves it by ~1e-15 relative, so at most 1 spacing apart.
+    for name, value in mean(last).items():
+        assert got[name].dtype == np.float32, name
+        assert ulps_apart(got[name], value).max() <= 1, name
+    # And the check can tell a window of one checkpoint more or fewer (when there is one).
+    for window in windows:
+        if window != last:
+            apart = np.concatenate([ulps_apart(got[n], v).ravel() for n, v in mean(window).items()])
+            assert np.mean(apart > 1) > 0.5, (window, np.mean(apart > 1))
+
+
+@pytest.fixture
+def compilation_cache(tmp_path):
+    """A persistent compilation cache while the test runs: the programs its commands share
+    (each run's search for the test BLEU and for the average's; the two runs' parameter
+    initialisation) compile once. JAX's previous settings are back afterwards."""
+    from jax._src import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    saved = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
 @pytest.mark.slow
-def test_the_documented_wmt14_recipe_runs_on_mock_data(tmp_path, capsys):
+def test_the_documented_wmt14_recipe_runs_on_mock_data(tmp_path, capsys, compilation_cache):
     bucket = str(tmp_path / "bucket")
     recipe = Recipe(bucket, execute=True)
     with tfds.testing.mock_data(num_examples=SENTENCES):
@@ -169,9 +264,9 @@ def test_the_documented_wmt14_recipe_runs_on_mock_data(tmp_path, capsys):
     assert recipe.ran.count("average") == 2 and recipe.ran.count("evaluate") == 2
     assert {"tpu_vm create", "tpu_vm install", "tpu_vm run", "gke", "image"} <= set(recipe.ran)
     runs = Path(bucket) / "runs"
-    # The averages the paper used, of checkpoints the schedule kept.
-    assert (runs / "ende_base" / "average-last5").is_dir()
-    assert (runs / "ende_big" / "average-last20").is_dir()
+    # The averages the paper used, of the last K checkpoints the schedule kept.
+    for variant, last in AVERAGED.items():
+        assert_average_of_last(runs / f"ende_{variant}", last, last + EXTRA_STEPS)
     for run, last in (("ende_base", 5), ("ende_big", 20)):
         (decode,) = (runs / run / "decodes").glob(f"test-*avg{last}*")
         assert (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from attnmt.errors import CheckpointError
-from attnmt.storage import as_path, is_remote
+from attnmt.storage import as_path, copy_file, is_remote
 
 log = logging.getLogger(__name__)
 
 ITEMS = ("state", "data", "config")
+COMMIT_MARKER = "commit_success.txt"  # in a bucket, the object whose presence finishes a step
 UNREADABLE_SUFFIX = "-unreadable"  # <workdir>/checkpoints-unreadable/<step>: set aside
 
 
@@ -80,6 +82,31 @@ def _arrays(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
 
 def _describe(array: tuple[tuple[int, ...], np.dtype] | None) -> str:
     return "nothing" if array is None else f"{array[1].name}{list(array[0])}"
+
+
+def _files(folder: epath.Path) -> Iterator[epath.Path]:
+    for child in folder.iterdir():
+        if child.is_dir():
+            yield from _files(child)
+        else:
+            yield child
+
+
+def _move_folder(source: epath.Path, destination: epath.Path) -> None:
+    """`source.rename(destination)`, in a bucket too. A bucket has no folders to rename (and
+    epath refuses a destination whose parent holds no object yet), so there every object is
+    copied first; then the step's commit marker is deleted, so that the step stops counting
+    at once, then the rest."""
+    if not is_remote(source):
+        source.rename(destination)
+        return
+    prefix = len(os.fspath(source)) + 1
+    for file in list(_files(source)):
+        copy_file(file, destination / os.fspath(file)[prefix:])
+    marker = source / COMMIT_MARKER
+    if marker.exists():
+        marker.unlink()
+    source.rmtree()
 
 
 class CheckpointManager:
@@ -267,7 +294,7 @@ class CheckpointManager:
                 destination, copy = target / str(step), 1
                 while destination.exists():
                     destination, copy = target / f"{step}.{copy}", copy + 1
-                (epath.Path(self.directory) / str(step)).rename(destination)
+                _move_folder(epath.Path(self.directory) / str(step), destination)
         self._manager.reload()
         return str(target)
 

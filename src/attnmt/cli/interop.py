@@ -40,11 +40,31 @@ def _cmd_export(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
+def _local(what: str):
+    """argparse type: a local path only (Hugging Face's and CTranslate2's own code read and
+    write plain files: copy to or from a bucket separately)."""
+
+    def check(value: str) -> str:
+        from attnmt.errors import ConfigError
+        from attnmt.storage import local_only
+
+        try:
+            return local_only(value, what)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return check
+
+
 def add_interop_commands(commands: argparse._SubParsersAction, workdir_type) -> None:
     imp = commands.add_parser(
         "import", help="a Hugging Face MarianMT directory (save_pretrained) → a workdir"
     )
-    imp.add_argument("hf_dir", help="folder with config.json, weights, vocab.json, *.spm")
+    imp.add_argument(
+        "hf_dir",
+        type=_local("the folder to import"),
+        help="folder with config.json, weights, vocab.json, *.spm",
+    )
     imp.add_argument("--workdir", required=True, type=workdir_type)
     imp.set_defaults(handler=_cmd_import)
 
@@ -52,7 +72,7 @@ def add_interop_commands(commands: argparse._SubParsersAction, workdir_type) -> 
     exp.add_argument("--workdir", required=True, type=workdir_type)
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
     exp.add_argument("--format", required=True, choices=("hf", "ctranslate2"))
-    exp.add_argument("--out", required=True, help="output folder")
+    exp.add_argument("--out", required=True, type=_local("--out"), help="output folder")
     exp.add_argument(
         "--quantization", default=None, help="ctranslate2 only: float32 (default), int8, …"
     )

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from attnmt.errors import ConfigError
+from attnmt.storage import local_only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,3 +89,5 @@ class DataConfig:
             )
         if self.min_bucket_length > self.max_length:
             raise ConfigError("data.min_bucket_length must not exceed data.max_length")
+        if self.source == "treebank":  # read with a local folder walk (attnmt.data.parsing)
+            local_only(self.data_dir, "treebank data.data_dir")
