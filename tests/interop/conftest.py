@@ -1,5 +1,6 @@
 """A tiny random MarianMTModel and its MarianTokenizer, saved with save_pretrained: the
-reference the interop tests compare attnmt against (built offline, in a few seconds).
+reference the interop tests compare attnmt against (built offline, in a few seconds), and
+its import into an attnmt workdir, shared by every interop test file.
 
 The sentencepiece models are trained on generated sentences; the model is fitted for a
 few seconds to a word-for-word task, so that its translations depend on the input and end
@@ -176,3 +177,51 @@ def hf_dir(tmp_path_factory) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# float32 through 2+2 layers of width 32 (d_ff 64): rounding errors of mixed sign grow like
+# √n·u per dot product of n terms (u = 2^-24; Higham §2.8), and each logit ends a chain of
+# about 40 of them (10 sublayers of about 4 matmul stages, each followed by a LayerNorm that
+# keeps activations at unit scale), so each implementation is within about
+# √40·√64·u ≈ 3e-6 of exact, relative to logits of size ≤ 10: 3e-5, twice that for the
+# difference of two. 1e-4 leaves room and still catches any wrong weight, layout or option
+# (those move logits by 1e-2 or more). Measured: 5e-6 to 6e-6.
+LOGIT_ATOL = 1e-4
+
+
+@pytest.fixture(scope="session")
+def hf(hf_dir):
+    """The reference MarianMTModel (eval mode) and MarianTokenizer, loaded once."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(hf_dir).eval(), MarianTokenizer.from_pretrained(hf_dir)
+
+
+@pytest.fixture(scope="session")
+def imported(hf_dir, tmp_path_factory) -> Path:
+    """`attnmt import` of the reference model; tests copy it before writing into it."""
+    from attnmt.cli.main import main
+
+    out = tmp_path_factory.mktemp("imported") / "run"
+    assert main(["import", str(hf_dir), "--workdir", str(out)]) == 0
+    return out
+
+
+SOURCES = sentences(EN, 12, seed=7)  # what the interop tests translate and score
+
+
+def translate_cli(workdir: Path, folder: Path, *flags: str) -> list[str]:
+    """`attnmt translate` of SOURCES (XLA level 0: a shorter compile, the same math)."""
+    from attnmt.cli.main import main
+
+    source, target = folder / "in.txt", folder / "out.txt"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    args = ["translate", "--workdir", str(workdir), "--input", str(source), "--xla-opt-level"]
+    assert main([*args, "0", "--output", str(target), *flags]) == 0
+    return target.read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="session")
+def imported_greedy(imported, tmp_path_factory) -> list[str]:
+    """`attnmt translate --beam 1` of SOURCES with the imported model."""
+    return translate_cli(imported, tmp_path_factory.mktemp("greedy"), "--beam", "1")

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from flax.core import unfreeze
 
@@ -36,8 +37,13 @@ def without_head(config: ModelConfig, params: Any, kind: str, layer: int, head: 
     stack, module = module_name(kind, layer).split("/")
     params = unfreeze(params)  # new containers (leaves shared), so the caller's stay intact
     attention = dict(params[stack][module])
-    kernel = np.array(attention["out"]["kernel"])  # [heads, d_v, d_model]
+    original = attention["out"]["kernel"]
+    kernel = np.array(original)  # [heads, d_v, d_model]
     kernel[head] = 0.0
+    if isinstance(original, jax.Array):
+        # Placed as the original: a host array among device arrays is another input
+        # placement, for which the compiled decoder would be compiled again.
+        kernel = jax.device_put(kernel, original.sharding)
     attention["out"] = {**attention["out"], "kernel": kernel}
     params[stack] = {**params[stack], module: attention}
     return params

@@ -3,8 +3,9 @@ CTranslate2's own converter (TransformersConverter), quantization passed through
 
 CTranslate2 starts Marian decoders from a zero vector instead of the `<pad>` row, and drops
 `<pad>` from the vocabulary: the same model when that row is zero, as in opus-mt
-checkpoints (Hugging Face never trains it through the embedding lookup). A model whose
-start row is not zero is refused, naming it.
+checkpoints (Hugging Face never trains it through the embedding lookup), or when the model
+holds it at zero (model.zero_pad_embedding). A model whose start row is not zero is
+refused, naming it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def _check_start_row(workdir: str | Path, step: int | None) -> None:
             f"cannot export to CTranslate2: model.decoder_start_id={model.decoder_start_id} "
             "(CTranslate2's Marian decoder starts from the pad token's zero embedding)"
         )
+    if model.zero_pad_embedding:
+        return  # computed as zero whatever is stored, and exported so (hf_export.py)
     row = np.asarray(run.params["embed"]["embedding"][PAD_ID])
     if np.any(row != 0):
         raise ConfigError(

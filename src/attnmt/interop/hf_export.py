@@ -25,6 +25,7 @@ from attnmt.interop.marian_weights import marian_from_params
 from attnmt.interop.vocab_order import attnmt_ids_in_marian_order
 from attnmt.model import layout
 from attnmt.model.config import ModelConfig
+from attnmt.special_tokens import PAD_ID
 from attnmt.workdir import LoadedRun, load_run
 
 
@@ -85,6 +86,12 @@ def write_marian_dir(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     host_params = jax.tree_util.tree_map(np.asarray, params)
+    if model.zero_pad_embedding:
+        # The model computes with a zero pad row whatever the stored one holds (the initial
+        # weights' row, never trained: model/layers.py); MarianMTModel reads the row as is.
+        embedding = np.array(host_params["embed"]["embedding"])
+        embedding[PAD_ID] = 0.0
+        host_params = {**host_params, "embed": {**host_params["embed"], "embedding": embedding}}
     write_weights(out / "model.safetensors", marian_from_params(host_params, model, order))
     write_json(out / "config.json", hf_config(model, start))
     write_json(out / "generation_config.json", _generation_config(size - 1, start, beams))

@@ -40,6 +40,12 @@ def _safetensors_numpy():
     return st_numpy
 
 
+def _unreadable_weights_errors() -> tuple[type[BaseException], ...]:
+    from safetensors import SafetensorError  # a damaged header, not an OSError
+
+    return (OSError, ValueError, SafetensorError)
+
+
 def _torch_weights(path: Path) -> dict[str, np.ndarray]:
     try:
         import torch
@@ -62,10 +68,11 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
     else:
         raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin")
     state: dict[str, np.ndarray] = {}
+    reader = _safetensors_numpy()
     for file in files:
         try:
-            state.update(_safetensors_numpy().load_file(str(file)))
-        except (OSError, ValueError) as e:
+            state.update(reader.load_file(str(file)))
+        except _unreadable_weights_errors() as e:
             raise CheckpointError(f"{file}: unreadable weights ({e})") from None
     return state
 

@@ -22,7 +22,7 @@ from attnmt.data.pair_tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_FILE, read_
 from attnmt.errors import CheckpointError, ConfigError
 from attnmt.experiment import Experiment
 from attnmt.interop.hf_files import read_json, read_weights, write_json
-from attnmt.interop.marian_config import model_options
+from attnmt.interop.marian_config import check_importable, model_options
 from attnmt.interop.marian_weights import params_from_marian
 from attnmt.interop.vocab_order import marian_ids_in_attnmt_order
 from attnmt.special_tokens import PAD_ID
@@ -49,10 +49,17 @@ def _vocab_order(folder: Path, hf: dict[str, Any]) -> tuple[dict[str, int], np.n
         )
     pieces = {i: piece for piece, i in vocab.items()}
     ids = {"pad": hf.get("pad_token_id"), "eos": hf.get("eos_token_id", 0)}
+    for name, key, piece in (("pad", "pad_token_id", "<pad>"), ("eos", "eos_token_id", "</s>")):
+        if ids[name] is None:
+            raise ConfigError(f"config.json: {key} is missing (Marian's {piece})")
+        if pieces.get(ids[name]) != piece:
+            raise ConfigError(
+                f"config.json: {key}={ids[name]} is {pieces.get(ids[name])!r} in "
+                f"{VOCAB_FILE}; the {name} token must be {piece}"
+            )
     ids["unk"] = vocab.get("<unk>")
-    for name, piece in (("pad", "<pad>"), ("eos", "</s>"), ("unk", "<unk>")):
-        if ids[name] is None or pieces.get(ids[name]) != piece:
-            raise ConfigError(f"config.json / {VOCAB_FILE}: the {name} token must be {piece}")
+    if ids["unk"] is None:
+        raise ConfigError(f"{folder / VOCAB_FILE}: no <unk> piece (Marian's unknown token)")
     return vocab, marian_ids_in_attnmt_order(len(vocab), ids["pad"], ids["eos"], ids["unk"])
 
 
@@ -78,6 +85,7 @@ def import_marian(hf_dir: str | Path, workdir: str | Path) -> Experiment:
     """Writes the attnmt workdir of the MarianMT model saved in `hf_dir`."""
     folder, workdir = Path(hf_dir), Path(workdir)
     hf = read_json(folder / "config.json")
+    check_importable(hf)  # before any other file is read
     tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
     _check_tokenizer(folder, tokenizer_config)
     vocab, order = _vocab_order(folder, hf)

@@ -32,6 +32,42 @@ def _refuse(key: str, value: Any, why: str) -> ConfigError:
     return ConfigError(f"config.json: {key}={value!r} is not supported: {why}")
 
 
+# Integer keys read from config.json: sizes (positive; the first five are required) and
+# token ids (≥ 0), so that a malformed value is named rather than failing deep inside.
+_REQUIRED_SIZES = ("vocab_size", "d_model", "encoder_layers", "encoder_attention_heads")
+_REQUIRED_SIZES += ("encoder_ffn_dim",)
+_OPTIONAL_SIZES = ("decoder_layers", "decoder_attention_heads", "decoder_ffn_dim")
+_OPTIONAL_SIZES += ("max_position_embeddings",)
+_TOKEN_IDS = ("pad_token_id", "decoder_start_token_id", "forced_eos_token_id")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_types(hf: dict[str, Any]) -> None:
+    for key in _REQUIRED_SIZES:
+        if key not in hf:
+            raise ConfigError(f"config.json: {key} is missing (every MarianConfig has it)")
+    for key in (*_REQUIRED_SIZES, *_OPTIONAL_SIZES):
+        value = hf.get(key)
+        if key in hf and not (_is_int(value) and value > 0):
+            raise _refuse(key, value, "a positive integer is expected")
+    if not _is_int(hf.get("eos_token_id", 0)):
+        raise _refuse("eos_token_id", hf["eos_token_id"], "one end-of-sentence token only")
+    for key in (*_TOKEN_IDS, "eos_token_id"):
+        value = hf.get(key)
+        if value is not None and not (_is_int(value) and 0 <= value < hf["vocab_size"]):
+            raise _refuse(key, value, f"a token id below vocab_size={hf['vocab_size']} expected")
+
+
+def check_importable(hf: dict[str, Any]) -> None:
+    """Refuses, naming the key, a config.json whose model attnmt would not compute alike
+    (or cannot read): called before anything else of the checkpoint is read."""
+    _check_types(hf)
+    _check_supported(hf)
+
+
 def _check_supported(hf: dict[str, Any]) -> None:
     if hf.get("model_type") != "marian":
         raise _refuse("model_type", hf.get("model_type"), "only Marian (opus-mt) models import")
@@ -59,8 +95,6 @@ def _check_supported(hf: dict[str, Any]) -> None:
         raise _refuse("activation_function", hf["activation_function"], "unknown activation")
     if hf["d_model"] % hf["encoder_attention_heads"]:
         raise _refuse("d_model", hf["d_model"], "not a multiple of encoder_attention_heads")
-    if not isinstance(hf.get("eos_token_id", 0), int):
-        raise _refuse("eos_token_id", hf["eos_token_id"], "one end-of-sentence token only")
     if hf.get("forced_eos_token_id") not in (None, hf.get("eos_token_id", 0)):
         raise _refuse("forced_eos_token_id", hf["forced_eos_token_id"], "it is not eos")
 
@@ -68,7 +102,7 @@ def _check_supported(hf: dict[str, Any]) -> None:
 def model_options(hf: dict[str, Any], decoder_start_id: int) -> dict[str, Any]:
     """`model.*` values reproducing the MarianMTModel of `hf` (config.json as a dict), once
     its vocabulary is in attnmt's order (`decoder_start_id` in that order)."""
-    _check_supported(hf)
+    check_importable(hf)
     heads = hf["encoder_attention_heads"]
     return {
         "vocab_size": hf["vocab_size"],
