@@ -29,7 +29,7 @@ _add_xla_flag("xla_force_host_platform_device_count", "8")
 # this environment): about a third less CPU time, since the tiny test models spend more time
 # compiling than running. No test depends on it: each compares with its reference within
 # bounds that hold at any level, bit-exact claims compare runs compiled alike, and
-# test_backend_optimization_level_keeps_the_math holds XLA's default level to level 0.
+# test_backend_optimization_level_keeps_the_math holds XLA's default level to level 1.
 _add_xla_flag("xla_backend_optimization_level", "0")
 # One persistent compilation cache for the whole run, shared by the xdist workers and every
 # subprocess they start (they inherit the variable): the same tiny train step, compiled by
@@ -70,7 +70,24 @@ def multi30k_dir() -> Path:
 # `--dist loadfile` (pyproject.toml) xdist hands each worker whole files, in collection
 # order as they free up; starting the longest first keeps one worker from running a long
 # file alone at the end. A file missing here only runs later; a stale name does nothing.
-LONGEST_FIRST: list[str] = []
+LONGEST_FIRST: list[str] = [
+    "tests/train/test_end_to_end.py",
+    "tests/train/test_resilience.py",
+    "tests/parallel/test_multiprocess.py",
+    "tests/parallel/test_agreement.py",
+    "tests/attention/test_ablation.py",
+    "tests/test_storage.py",
+    "tests/interop/test_ctranslate2.py",
+    "tests/parallel/test_resume_mesh.py",
+    "tests/launch/test_wmt_recipe.py",
+    "tests/decode/test_parsing.py",
+    "tests/launch/test_sweep.py",
+    "tests/interop/test_finetune.py",
+    "tests/model/test_transformer.py",
+    "tests/attention/test_figures.py",
+    "tests/test_notebooks.py",
+    "tests/interop/test_export_native.py",
+]
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,126 +1,42 @@
 """Two real processes (2 CPU devices each, gloo, coordinator on 127.0.0.1) take every
-clock- and signal-driven decision together: with clocks made to disagree they save the same
-steps and stop at the same step; SIGTERM to one of them stops both at the same step with
-exit 143; the rerun resumes bit-exactly (against an uninterrupted 2-process run).
+clock- and signal-driven decision together, and an interrupted job resumes bit for bit.
 
-Every launch is bounded by a timeout that kills the whole process group: a disagreement
-would otherwise hang in a collective, and the test must fail, not wait."""
+With clocks made to disagree they save the same steps and stop at the same step; a SIGTERM
+sent from outside to one of them, at a moment the job does not choose, stops both at the
+same step with exit 143; the rerun ends where an uninterrupted 2-process run did (the
+session's reference, tests/parallel/conftest.py), bit for bit, with Adam and dropout 0.1:
+every device's copy of the parameters, Adam's count, mu and nu, the step and the dropout
+key, each process's data position, and the rows each process fed at every step.
+"""
 
 from __future__ import annotations
 
-import os
+import random
 import re
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from attnmt.parallel.agreement import any_process, sum_over_processes
-from attnmt.workdir import load_run
-from tests.parallel.test_multiprocess import REPO, _args, _env
-from tests.train.test_end_to_end import reversal_corpus  # noqa: F401
-
-PROCESSES, DEVICES = 2, 2
-NUM_STEPS = 12
-TIMEOUT_S = 300
-
-# Process i's clock advances 1 + 2i seconds per reading (process 1 runs three times as
-# fast); process 1 sends itself SIGTERM after update $SIGTERM_AT_STEP. Saves are printed.
-_PROGRAM = """
-import logging, os, signal, sys
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.cli.main import main
-from attnmt.train import loop, stopping
+from attnmt.parallel.agreement import any_process, sum_over_processes
+from attnmt.parallel.config import ParallelConfig
+from attnmt.parallel.mesh import make_mesh
+from attnmt.train.program import abstract_state
+from attnmt.workdir import load_run
+from tests.parallel.conftest import REFERENCE_OVERRIDES, REFERENCE_STEPS
+from tests.parallel.jobs import (
+    PROBE,
+    job_env,
+    read_probes,
+    run_job,
+    state_by_leaf,
+    train_args,
+    wait_for_line,
+)
 
-process = int(os.environ["ATTNMT_PROCESS_ID"])
-sigterm_at = int(os.environ.get("SIGTERM_AT_STEP", "-1"))
-
-class Clock:
-    now = 0.0
-
-    def monotonic(self):
-        self.now += 1.0 + 2.0 * process
-        return self.now
-
-stopping.time = Clock()
-real_save = CheckpointManager.save
-
-def save(self, step, *args):
-    print(f"saving step {step}", flush=True)
-    real_save(self, step, *args)
-
-CheckpointManager.save = save
-real_train_once = loop.Trainer._train_once
-
-def train_once(self):
-    step, skipped = real_train_once(self)
-    if process == 1 and step == sigterm_at:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return step, skipped
-
-loop.Trainer._train_once = train_once
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _launch(corpus, workdir: Path, cache: Path, *overrides: str, **env) -> list[tuple[int, str]]:
-    """Trains in `workdir`; returns each process's (exit code, output)."""
-    argv = [sys.executable, "-c", _PROGRAM, "train", *_args(corpus, workdir, NUM_STEPS)]
-    return _run_processes([*argv, *overrides], workdir.parent / workdir.name, cache, **env)
-
-
-def _run_processes(argv: list[str], log_stem: Path, cache: Path, **env) -> list[tuple[int, str]]:
-    """`argv` as process 0..PROCESSES-1 of one job, killed (and failed) past TIMEOUT_S."""
-    port, processes, logs = _free_port(), [], []
-    for index in range(PROCESSES):
-        process_env = _env(
-            cache,
-            JAX_PLATFORMS="cpu",
-            ATTNMT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-            ATTNMT_NUM_PROCESSES=str(PROCESSES),
-            ATTNMT_PROCESS_ID=str(index),
-            ATTNMT_LOCAL_DEVICE_COUNT=str(DEVICES),
-            **env,
-        )
-        logs.append(Path(f"{log_stem}.{index}.{time.monotonic_ns()}.log"))
-        with logs[-1].open("wb") as log:  # the child keeps its own descriptor
-            processes.append(
-                subprocess.Popen(
-                    argv,
-                    env=process_env,
-                    cwd=REPO,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        codes = [p.wait(timeout=max(deadline - time.monotonic(), 1)) for p in processes]
-    except subprocess.TimeoutExpired:
-        codes = None
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    outputs = [log.read_text(errors="replace") for log in logs]
-    assert codes is not None, f"the job hung (over {TIMEOUT_S} s):\n" + outputs[0][-3000:]
-    return list(zip(codes, outputs, strict=True))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+EXIT_PREEMPTED = 143
 
 
 def _saves(output: str) -> list[int]:
@@ -134,74 +50,118 @@ def _stop(output: str) -> tuple[int, str]:
     return int(step), reason
 
 
+def _checkpointed(workdir) -> tuple[int, dict, list[np.ndarray]]:
+    """The newest checkpoint's step, data position and every state array, on one device."""
+    manager = CheckpointManager(workdir)
+    step = manager.latest_step()
+    one_device = make_mesh(ParallelConfig(data=1), jax.devices()[:1])
+    abstract = abstract_state(load_run(workdir).experiment, one_device)
+    state, data, _ = manager.restore(step, abstract)
+    manager.close()
+    return step, data, jax.tree_util.tree_leaves(jax.device_get(state))
+
+
 @pytest.mark.slow
 def test_processes_agree_on_time_and_signals_and_resume_bit_exactly(
-    reversal_corpus,  # noqa: F811
-    tmp_path,
+    two_process_reference, tmp_path
 ):
-    cache = tmp_path / "jax_cache"
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    for code, out in _launch(reversal_corpus, reference, cache):
-        assert code == 0, out[-3000:]
-
+    ref = two_process_reference
     run = tmp_path / "run"
-    run.mkdir()
+    probes = tmp_path / "probes"
+
+    def launch(name: str, *overrides: str, signals=None, **env) -> list[tuple[int, str]]:
+        argv = [*PROBE, *train_args(ref.corpus, run, REFERENCE_STEPS, *REFERENCE_OVERRIDES)]
+        environment = job_env(ref.cache, ATTNMT_PROBE_DIR=str(probes / name), **env)
+        return run_job([*argv, *overrides], tmp_path / name, environment, while_running=signals)
+
     # 1. Clocks that disagree: checkpoints every 6 s and a 24 s limit, read on process 1's
     #    fast clock first. Without agreement one process would enter a save (or leave the
     #    loop) alone and the job would hang.
-    timed = _launch(
-        reversal_corpus,
-        run,
-        cache,
+    (code0, out0), (code1, out1) = launch(
+        "timed",
         "--config.train.checkpoint_every_steps=0",
         "--config.train.checkpoint_every_minutes=0.1",
         "--config.train.time_limit_minutes=0.4",
+        ATTNMT_PROBE_CLOCK="1",
     )
-    (code0, out0), (code1, out1) = timed
     assert code0 == code1 == 0, out0[-2000:] + out1[-2000:]
     stop0, stop1 = _stop(out0), _stop(out1)
     assert stop0 == stop1 and stop0[1].startswith("time limit"), (stop0, stop1)
     assert _saves(out0) == _saves(out1), (_saves(out0), _saves(out1))
-    assert len(_saves(out0)) >= 3 and stop0[0] < NUM_STEPS, _saves(out0)
+    assert len(_saves(out0)) >= 3 and stop0[0] < REFERENCE_STEPS // 2, _saves(out0)
+    timed_stop = stop0[0]
 
-    # 2. SIGTERM to process 1 only, two updates after the resumed start: both save that
-    #    step and exit 143.
-    sigterm_at = stop0[0] + 2
-    preempted = _launch(reversal_corpus, run, cache, SIGTERM_AT_STEP=str(sigterm_at))
+    # 2. SIGTERM from outside to process 1 only, at a moment the job does not choose: once
+    #    process 0 has logged a step, after a random delay (mid-update, mid-collective,
+    #    mid-save or between them). Both processes save the same step and exit 143.
+    rng = random.Random(2026)
+    seen = timed_stop + rng.randrange(2, 6)
+    delay = rng.uniform(0.0, 0.25)
+
+    def sigterm_process_1(popens, logs):
+        wait_for_line(logs[0], f"[train] step {seen} ", popens)
+        time.sleep(delay)
+        popens[1].terminate()
+
+    preempted = launch("preempted", signals=sigterm_process_1)
+    sigterm_stop = _stop(preempted[0][1])[0]
+    print(f"SIGTERM to process 1 {delay:.3f} s after step {seen}: both stopped at {sigterm_stop}")
+    assert seen <= sigterm_stop < REFERENCE_STEPS
     for code, out in preempted:
-        assert code == 143, out[-3000:]
-        assert f"resumed from checkpoint step {stop0[0]}" in out
-        assert _stop(out) == (sigterm_at, "SIGTERM received")
-        assert _saves(out)[-1] == sigterm_at
+        assert code == EXIT_PREEMPTED, out[-3000:]
+        assert f"resumed from checkpoint step {timed_stop} in" in out
+        assert _stop(out) == (sigterm_stop, "SIGTERM received")
+        assert _saves(out)[-1] == sigterm_stop
 
     # 3. The rerun finishes, bit-identical to the uninterrupted run.
-    for code, out in _launch(reversal_corpus, run, cache):
-        assert code == 0 and f"resumed from checkpoint step {sigterm_at}" in out, out[-3000:]
-    a, b = load_run(run), load_run(reference)
-    assert a.step == b.step == NUM_STEPS
-    for x, y in zip(
-        jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params), strict=True
-    ):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for code, out in launch("rerun"):
+        assert code == 0 and f"resumed from checkpoint step {sigterm_stop} in" in out, out[-3000:]
+
+    launches = [read_probes(probes / name) for name in ("timed", "preempted", "rerun")]
+    final, reference = launches[-1], ref.probes
+    # Each process fed the reference's rows at every step (across the three launches each
+    # step was fed exactly once), and ends at the reference's data position, two epochs on.
+    for index in range(2):
+        fed = [step for probes_of in launches for step in sorted(probes_of[index].fed)]
+        assert fed == list(range(1, REFERENCE_STEPS + 1)), fed
+        for probes_of in launches:
+            for step, rows in probes_of[index].fed.items():
+                assert rows == reference[index].fed[step], f"process {index}, step {step}"
+        assert final[index].position == reference[index].position == reference[0].position
+        assert reference[index].position["epoch"] >= 2
+    # (The two processes feed different rows: halves of one global batch.)
+    assert all(reference[0].fed[s] != reference[1].fed[s] for s in reference[0].fed)
+
+    # Every device of both processes holds the same state as every device of the reference:
+    # parameters, Adam's count, mu and nu, the step, the dropout key, the skip count.
+    got, want = state_by_leaf(final), state_by_leaf(reference)
+    assert got.keys() == want.keys()
+    for part in ("params/", "opt_state/0/count", "opt_state/0/mu/", "opt_state/0/nu/"):
+        assert any(name.startswith(part) for name in want), part  # Adam's state is compared
+    assert {"step", "dropout_rng"} <= want.keys()
+    for name, shards in want.items():
+        assert len(shards) == len(got[name]) == 4, name
+        for shard in [*shards[1:], *got[name]]:
+            same = shard.dtype == shards[0].dtype and np.array_equal(shard, shards[0])
+            assert same, f"{name} differs"
+    assert [p.step for p in final] == [p.step for p in reference] == [REFERENCE_STEPS] * 2
+
+    # The checkpoint both processes wrote last is the reference's, data position included.
+    step, data, leaves = _checkpointed(run)
+    ref_step, ref_data, ref_leaves = _checkpointed(ref.workdir)
+    assert step == ref_step == REFERENCE_STEPS and data == ref_data == reference[0].position
+    for a, b in zip(leaves, ref_leaves, strict=True):
+        same = a.dtype == b.dtype and np.array_equal(a, b)
+        assert same
 
 
-_COMBINE = """
-import os
-from attnmt.parallel.distributed import initialize
-initialize()
-from attnmt.parallel.agreement import any_process, sum_over_processes
-process = int(os.environ["ATTNMT_PROCESS_ID"])
-print("any", any_process([process == 1, False, True]).tolist())
-print("sum", sum_over_processes([process + 1.0, 0.25 * process]).tolist())
-"""
-
-
-def test_processes_combine_flags_and_sums(tmp_path):
-    results = _run_processes([sys.executable, "-c", _COMBINE], tmp_path / "combine", tmp_path)
-    for code, out in results:
-        assert code == 0, out[-3000:]
-        assert "any [True, False, True]" in out and "sum [3.0, 0.25]" in out, out[-3000:]
+@pytest.mark.slow  # the session's 2-process reference run
+def test_processes_combine_flags_and_sums(two_process_reference):
+    # Each process of the reference computed these before its first update
+    # (tests/parallel/probe.py, ATTNMT_PROBE_COMBINE): process p proposed [p == 1, False,
+    # True] and [p + 1, p / 4].
+    for probe in two_process_reference.probes:
+        assert probe.combined == {"any": [True, False, True], "sum": [3.0, 0.25]}
 
 
 def test_one_process_combines_nothing():

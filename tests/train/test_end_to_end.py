@@ -243,9 +243,11 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
 def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
     """Another XLA optimisation level may fuse and order float ops differently: SGD runs
     agree within the rounding bounds of tests/equivalence.py. Level 3 is XLA's default (what
-    a user's run compiles with); level 0 is what the rest of the suite compiles with."""
+    a user's run compiles with), held here to level 1. (The rest of the suite compiles at level
+0, where even the initial parameters' rounding differs from level 3: every test there
+compares with references or with runs compiled alike.)"""
     runs = []
-    for level in ("3", "0"):
+    for level in ("3", "1"):
         overrides = [
             *_overrides(reversal_corpus, 4),
             "--config.optim.algorithm=sgd",
