@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.parallel.config import ParallelConfig
+from attnmt.config.parallel import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
 from attnmt.parallel.sharding import put_batch
 from attnmt.train.preflight import format_bytes, tree_bytes

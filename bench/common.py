@@ -60,19 +60,17 @@ DEFAULT_OVERRIDES = {"multi30k": ("model.norm_position=post",)}
 
 
 def load_experiment(name: str, overrides: Sequence[str] = ()) -> Any:
-    """An `Experiment` from a short name (CONFIG_SPECS) or a `path.py[:arg]` spec."""
-    from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
-    from attnmt.experiment import Experiment
+    """An `Experiment` from a short name (CONFIG_SPECS) or a `path.py[:arg]` spec, with
+    overrides written "model.num_layers=2" (after the name's DEFAULT_OVERRIDES)."""
+    from attnmt.config import load_experiment as load
 
     overrides = (*DEFAULT_OVERRIDES.get(name, ()), *overrides)
     spec = CONFIG_SPECS.get(name, name)
     path, sep, arg = spec.partition(":")
     if not Path(path).is_absolute():
         path = str(REPO_ROOT / path)
-    config = load_config_file(path + sep + arg)
-    # Overrides are written "model.num_layers=2"; the CLI's parser wants its own prefix.
-    apply_command_line_overrides(config, [f"--config.{item}" for item in overrides])
-    return Experiment.from_mapping(config)
+    # The library reads overrides as the CLI writes them, with its --config. prefix.
+    return load(path + sep + arg, [f"--config.{item}" for item in overrides])
 
 
 def default_multi30k_dir() -> str | None:
@@ -95,13 +93,10 @@ def multi30k_corpus(experiment: Any, data_dir: str | None, workdir: str | None) 
     """
     from attnmt.data.prepare import ensure_vocab, tokenized_split, vocab_path
 
-    if workdir is None:
-        workdir = tempfile.mkdtemp(prefix="attnmt-bench-")
+    folder = Path(workdir or tempfile.mkdtemp(prefix="attnmt-bench-"))
     data = dataclasses.replace(experiment.data, data_dir=data_dir or experiment.data.data_dir)
-    tokenizer = ensure_vocab(data, experiment.model.vocab_size, workdir)
-    corpus, _ = tokenized_split(
-        data, vocab_path(data, workdir), tokenizer, data.train_split, workdir
-    )
+    tokenizer = ensure_vocab(data, experiment.model.vocab_size, folder)
+    corpus, _ = tokenized_split(data, vocab_path(data, folder), tokenizer, data.train_split, folder)
     return corpus, tokenizer
 
 
@@ -113,7 +108,7 @@ def random_batch(
     `fill` < 1 draws each row's length uniformly from [fill·length, length] so that some
     padding remains, as in bucketed real data; 1.0 gives full rows (no padding at all).
     """
-    from attnmt.special_tokens import EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
+    from attnmt.common import EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID
 
     out = {}
     for side in ("src_tokens", "tgt_tokens"):

@@ -28,9 +28,9 @@ import common
 import decode_speed
 import numpy as np
 
+from attnmt.common import EOS_ID, PAD_ID, UNK_ID
+from attnmt.config.model import ModelConfig
 from attnmt.interop.hf_export import write_marian_dir
-from attnmt.model.config import ModelConfig
-from attnmt.special_tokens import EOS_ID, PAD_ID, UNK_ID
 
 MARIAN_OPTIONS = {
     "positional_layout": "halves",

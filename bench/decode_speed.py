@@ -36,11 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnmt.common import EOS_ID, PAD_ID
+from attnmt.config.model import ModelConfig
 from attnmt.decode import beam_search as search
 from attnmt.decode.translate import Translator, best_sequences, prepare_search
-from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID, PAD_ID
 
 # --------------------------------------------------------------------------- (a) trained run
 
@@ -144,6 +144,7 @@ def forced_decode(
         alpha=alpha,
         max_lengths=jnp.full((batch,), out_len, jnp.int32),
         max_decode_len=max_decode_len,
+        bos_id=config.decoder_start_id,  # as decode_batch starts the decoder
     )
 
 

@@ -16,13 +16,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax
 import numpy as np
 
-from attnmt.experiment import Experiment
-from attnmt.model.config import ModelConfig
-from attnmt.parallel.config import ParallelConfig
+from attnmt.common import EOS_ID, PAD_ID
+from attnmt.config.experiment import Experiment
+from attnmt.config.model import ModelConfig
+from attnmt.config.parallel import ParallelConfig
+from attnmt.config.train import OptimConfig
 from attnmt.parallel.mesh import make_mesh
 from attnmt.parallel.sharding import bytes_per_device, put_batch
-from attnmt.special_tokens import EOS_ID, PAD_ID
-from attnmt.train.config import OptimConfig
 from attnmt.train.program import build_program
 
 MESHES = {

@@ -132,12 +132,13 @@ def train_workload(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], Any]
     workload = throughput.build_workload(
         args.config, args.dtype, pool=2, overrides=tuple(args.override)
     )
-    step, create = throughput.train_step_parts(workload.experiment)
+    plain = throughput.plain_steps(workload.experiment)
     batch = jax.device_put(workload.batches[0])
-    state = common.block(jax.jit(create)(jax.random.PRNGKey(0), batch))
+    state = common.block(jax.jit(plain.create_state)(jax.random.PRNGKey(0), batch))
     shapes = {k: v.shape for k, v in workload.batches[0].items()}
     print(f"train step of {args.config} on {workload.data}, batch {shapes}", file=sys.stderr)
-    return jax.jit(step, donate_argnums=(0,)), (state, batch), lambda out, prev: (out[0], prev[1])
+    step = jax.jit(plain.train_step, donate_argnums=(0,))
+    return step, (state, batch), lambda out, prev: (out[0], prev[1])
 
 
 def decode_workload(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], Any]:

@@ -7,11 +7,13 @@
 Marian in transformers is the closest PyTorch relative of the paper's model: post-norm
 residual blocks, sinusoidal positions, embeddings scaled by √d_model, one embedding
 matrix shared by encoder, decoder and the output projection. It is built from a
-MarianConfig with our sizes (d_model, layers, d_ff, heads, vocabulary, dropout, ReLU) and
-random weights, and trained with Adam(0.9, 0.98, 1e-9) on label-smoothed (0.1)
-cross-entropy over the non-PAD target tokens, like attnmt. Differences that remain, and
-are small: Marian's attention projections (Q, K, V, output) carry biases, its logits get
-a (zero, untrained) final-logits bias, and it requires d_k = d_v = d_model / heads.
+MarianConfig with our sizes (d_model, layers, d_ff, heads, vocabulary, dropout, the
+model's activation: ReLU), mapped as the Hugging Face export maps them
+(attnmt.interop.marian_config.marian_kwargs), and random weights, and trained with
+Adam(0.9, 0.98, 1e-9) on label-smoothed (0.1) cross-entropy over the non-PAD target
+tokens, like attnmt. Differences that remain, and are small: Marian's attention
+projections (Q, K, V, output) carry biases, its logits get a (zero, untrained)
+final-logits bias, and it requires d_k = d_v = d_model / heads.
 
 Both run on identical host batches (train_throughput.build_workload), one after the other
 in this process, attnmt first. torch float32, and bfloat16 under torch.autocast, eager
@@ -30,7 +32,8 @@ import common
 import numpy as np
 import train_throughput
 
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
+from attnmt.interop.marian_config import head_size_problem, marian_kwargs
 
 
 def import_peer() -> tuple[Any, Any] | None:
@@ -48,38 +51,23 @@ def import_peer() -> tuple[Any, Any] | None:
 
 
 def marian_config(model: Any, max_positions: int) -> Any:
-    """A MarianConfig with attnmt's sizes (model: attnmt ModelConfig)."""
+    """A MarianConfig with attnmt's sizes (model: attnmt ModelConfig), through the mapping
+    the Hugging Face export writes (attnmt.interop.marian_config), with attnmt's own token
+    ids: the peer is fed attnmt's batches as they are."""
     from transformers import MarianConfig
 
-    if model.d_k != model.d_v or model.d_k * model.num_heads != model.d_model:
-        raise ValueError(
-            f"Marian needs d_k = d_v = d_model / heads; this config has d_model={model.d_model}, "
-            f"heads={model.num_heads}, d_k={model.d_k}, d_v={model.d_v}"
-        )
-    return MarianConfig(
-        vocab_size=model.vocab_size,
-        decoder_vocab_size=model.vocab_size,
-        d_model=model.d_model,
-        encoder_layers=model.num_layers,
-        decoder_layers=model.num_layers,
-        encoder_ffn_dim=model.d_ff,
-        decoder_ffn_dim=model.d_ff,
-        encoder_attention_heads=model.num_heads,
-        decoder_attention_heads=model.num_heads,
-        activation_function="relu",  # §3.3
-        dropout=model.dropout_rate,
-        attention_dropout=model.attention_dropout_rate,
-        activation_dropout=0.0,  # the paper has no dropout inside the FFN
-        scale_embedding=True,  # §3.4: embeddings × √d_model
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        max_position_embeddings=max_positions,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        bos_token_id=BOS_ID,
-        decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None,  # generate() must not force an EOS we did not ask for
+    problem = head_size_problem(model)
+    if problem:
+        raise ValueError(f"Marian needs d_k = d_v = d_model / heads: {problem}")
+    kwargs = marian_kwargs(
+        model,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        decoder_start_id=BOS_ID,
+        forced_eos_id=None,  # generate() must not force an EOS we did not ask for
+        max_positions=max_positions,
     )
+    return MarianConfig(**kwargs, bos_token_id=BOS_ID)
 
 
 def build_marian(model: Any, max_positions: int, seed: int = 0) -> Any:

@@ -109,15 +109,15 @@ def padding_of(
 def compile_seconds(experiment: Any, shapes: list[tuple[int, int]]) -> list[float]:
     """Ahead-of-time compile time of the train step for each shape, from a cold cache."""
     jax.clear_caches()  # shapes shared between sweeps must not come from the cache
-    step, create = train_throughput.train_step_parts(experiment)
-    step_fn = jax.jit(step, donate_argnums=(0,))
+    plain = train_throughput.plain_steps(experiment)
+    step_fn = jax.jit(plain.train_step, donate_argnums=(0,))
     seconds = []
     for batch, length in shapes:
         example = {
             "src_tokens": jax.ShapeDtypeStruct((batch, length), np.int32),
             "tgt_tokens": jax.ShapeDtypeStruct((batch, length), np.int32),
         }
-        state = jax.eval_shape(create, jax.random.PRNGKey(0), example)
+        state = jax.eval_shape(plain.create_state, jax.random.PRNGKey(0), example)
         start = time.perf_counter()
         step_fn.lower(state, example).compile()
         seconds.append(time.perf_counter() - start)

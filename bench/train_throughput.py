@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import itertools
 import sys
 import time
@@ -39,13 +38,12 @@ import common
 import jax
 import numpy as np
 
-from attnmt.compile_options import compiler_options
+from attnmt.config.parallel import ParallelConfig
+from attnmt.config.xla import compiler_options
 from attnmt.data.pipeline import BatchIterator
-from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
-from attnmt.train import step as steps
 from attnmt.train.inputs import batch_plan
-from attnmt.train.program import build_program
+from attnmt.train.program import PlainSteps, build_program
 
 DEFAULT_SHAPES = {"tiny": (16, 32), "wmt14_ende": (64, 32), "wmt14_ende_big": (64, 32)}
 FALLBACK_SHAPE = (64, 32)
@@ -56,7 +54,7 @@ class Workload:
     """A model and the batches it is timed on (numpy, host side)."""
 
     config_name: str
-    experiment: Any  # attnmt.experiment.Experiment, compute dtype already set
+    experiment: Any  # attnmt.config.experiment.Experiment, compute dtype already set
     batches: list[dict[str, np.ndarray]]
     data: str  # how the batches were made, for the table
 
@@ -142,20 +140,76 @@ def _shape_key(batch: dict[str, np.ndarray]) -> tuple[tuple[int, ...], tuple[int
     return batch["src_tokens"].shape, batch["tgt_tokens"].shape
 
 
-def train_step_parts(experiment: Any) -> tuple[Any, Any]:
-    """(train_step(state, batch), create_train_state(rng, batch)) of an experiment, unjitted
-    (the benchmarks jit and compile per shape themselves): the training program's own model,
-    optimizer, schedule, label smoothing and dropout RNG (attnmt.train.program)."""
-    program = build_program(experiment, make_mesh(ParallelConfig(data=1), jax.devices()[:1]))
-    step = functools.partial(
-        steps.train_step,
-        program.model,
-        program.optimizer,
-        program.learning_rate,
-        experiment.train.label_smoothing,
-        rng_impl=experiment.train.dropout_rng,
-    )
-    return step, functools.partial(steps.create_train_state, program.model, program.optimizer)
+def plain_steps(experiment: Any) -> PlainSteps:
+    """The experiment's training-program steps unjitted (`TrainProgram.plain`: its model,
+    optimizer, schedule, label smoothing and dropout RNG), which the benchmarks jit and
+    compile per shape themselves, on one device."""
+    return build_program(experiment, make_mesh(ParallelConfig(data=1), jax.devices()[:1])).plain
+
+
+def _step_and_state(experiment: Any, first: Any, seed: int) -> tuple[Any, Any, float]:
+    """(the program's train step jitted with the state donated, a new state created from
+    `seed`, the seconds that creation took)."""
+    plain = plain_steps(experiment)
+    options = compiler_options(experiment.train.xla_backend_optimization_level)
+    step_fn = jax.jit(plain.train_step, donate_argnums=(0,), compiler_options=options)
+    create = jax.jit(plain.create_state, compiler_options=options)
+    start = time.perf_counter()
+    state = common.block(create(jax.random.PRNGKey(seed), first))
+    return step_fn, state, time.perf_counter() - start
+
+
+def _batch_counts(model: Any, host: dict[str, np.ndarray]) -> tuple[float, float, float]:
+    """(non-PAD target tokens, useful FLOPs, padded FLOPs) of one training step on `host`."""
+    useful, padded = common.batch_train_flops(model, host)
+    return float(common.nonpad_lengths(host["tgt_tokens"]).sum()), useful, padded
+
+
+def _compile_per_shape(
+    step_fn: Any, state: Any, device_batches: list[Any]
+) -> tuple[dict[Any, Any], list[float]]:
+    """Ahead-of-time compilation per batch shape, so compile time is measured apart from
+    running: (compiled step per shape key, seconds of each compile in first-seen order)."""
+    compiled: dict[Any, Any] = {}
+    compile_seconds: list[float] = []
+    for batch in device_batches:
+        key = _shape_key(batch)
+        if key in compiled:
+            continue
+        start = time.perf_counter()
+        compiled[key] = step_fn.lower(state, batch).compile()
+        compile_seconds.append(time.perf_counter() - start)
+    return compiled, compile_seconds
+
+
+def _rates(tokens: float, useful: float, padded: float, total: float) -> dict[str, float]:
+    return {
+        "tgt_tok_per_s": tokens / total,
+        "gflops": useful / total / 1e9,
+        "padded_gflops": padded / total / 1e9,
+    }
+
+
+def _warm_up(
+    run: Any, state: Any, device_batches: list[Any], cycle: Any, warmup: int
+) -> tuple[Any, Any, float]:
+    """The first step (it also allocates buffers and warms caches: reported, not averaged),
+    then `warmup` untimed steps on the next batches of `cycle`: (state, metrics, seconds of
+    the first step)."""
+    start = time.perf_counter()
+    state, metrics = common.block(run(state, device_batches[next(cycle)]))
+    first_step = time.perf_counter() - start
+    for _ in range(warmup):
+        state, metrics = common.block(run(state, device_batches[next(cycle)]))
+    return state, metrics, first_step
+
+
+def _mfu(row: dict[str, Any], ceiling_gflops: float) -> dict[str, float]:
+    return {
+        "ceiling_gflops": ceiling_gflops,
+        "mfu": row["gflops"] / ceiling_gflops,
+        "padded_mfu": row["padded_gflops"] / ceiling_gflops,
+    }
 
 
 def time_attnmt(
@@ -172,37 +226,16 @@ def time_attnmt(
     (cycled) until both `min_steps` and `min_seconds` are reached, or `max_seconds` have
     been timed over at least two steps."""
     experiment = workload.experiment
-    step, create = train_step_parts(experiment)
-    options = compiler_options(experiment.train.xla_backend_optimization_level)
-    step_fn = jax.jit(step, donate_argnums=(0,), compiler_options=options)
-    first = workload.batches[0]
-    start = time.perf_counter()
-    state = common.block(jax.jit(create, compiler_options=options)(jax.random.PRNGKey(seed), first))
-    init_seconds = time.perf_counter() - start
+    step_fn, state, init_seconds = _step_and_state(experiment, workload.batches[0], seed)
     device_batches = [jax.device_put(b) for b in workload.batches]
 
-    # Ahead-of-time compilation per shape: compile time is measured apart from running.
-    compiled: dict[Any, Any] = {}
-    compile_seconds: list[float] = []
-    for batch in device_batches:
-        key = _shape_key(batch)
-        if key in compiled:
-            continue
-        start = time.perf_counter()
-        compiled[key] = step_fn.lower(state, batch).compile()
-        compile_seconds.append(time.perf_counter() - start)
+    compiled, compile_seconds = _compile_per_shape(step_fn, state, device_batches)
 
     def run(state: Any, batch: Any) -> tuple[Any, Any]:
         return compiled[_shape_key(batch)](state, batch)
 
-    # The first execution also allocates buffers and warms caches: reported, not averaged.
-    start = time.perf_counter()
-    state, metrics = common.block(run(state, device_batches[0]))
-    first_step = time.perf_counter() - start
     cycle = itertools.cycle(range(len(device_batches)))
-    next(cycle)
-    for _ in range(warmup):
-        state, metrics = common.block(run(state, device_batches[next(cycle)]))
+    state, metrics, first_step = _warm_up(run, state, device_batches, cycle, warmup)
 
     seconds: list[float] = []
     useful = padded = tokens = 0.0
@@ -211,10 +244,8 @@ def time_attnmt(
         start = time.perf_counter()
         state, metrics = common.block(run(state, device_batches[index]))
         seconds.append(time.perf_counter() - start)
-        host = workload.batches[index]
-        tokens += float(common.nonpad_lengths(host["tgt_tokens"]).sum())
-        u, p = common.batch_train_flops(experiment.model, host)
-        useful, padded = useful + u, padded + p
+        t, u, p = _batch_counts(experiment.model, workload.batches[index])
+        tokens, useful, padded = tokens + t, useful + u, padded + p
     if not np.isfinite(float(metrics["loss"])):
         print(f"WARNING: {workload.config_name}: non-finite loss", file=sys.stderr)
 
@@ -233,14 +264,10 @@ def time_attnmt(
         "steps": len(seconds),
         "step_ms": timings.median * 1e3,
         "step_ms_range": timings.spread(),
-        "tgt_tok_per_s": tokens / total,
-        "gflops": useful / total / 1e9,
-        "padded_gflops": padded / total / 1e9,
+        **_rates(tokens, useful, padded, total),
     }
     if ceiling_gflops:
-        row["ceiling_gflops"] = ceiling_gflops
-        row["mfu"] = row["gflops"] / ceiling_gflops
-        row["padded_mfu"] = row["padded_gflops"] / ceiling_gflops
+        row |= _mfu(row, ceiling_gflops)
     return row
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from attnmt.config_defaults import parse_config_arg
+from attnmt.config.recipes import parse_config_arg
 from attnmt.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ Data: ../shared/data/multi30k, $ATTNMT_MULTI30K_DIR, or downloaded from the publ
 Multi30K repository on first use.
 """
 
-from attnmt.config_defaults import base_config, parse_config_arg
+from attnmt.config.recipes import base_config, parse_config_arg
 
 
 def get_config(arg: str | None = None):

@@ -4,7 +4,7 @@
         --config.data.tgt_path=x.{split}.tgt --workdir /tmp/tiny
 """
 
-from attnmt.config_defaults import base_config, parse_config_arg
+from attnmt.config.recipes import base_config, parse_config_arg
 
 
 def get_config(arg: str | None = None):

@@ -21,7 +21,7 @@ Decoding as in the paper: beam 21, α 0.3, output up to input + 300 tokens (over
 
 import os
 
-from attnmt.config_defaults import base_config, parse_config_arg
+from attnmt.config.recipes import base_config, parse_config_arg
 
 
 def get_config(arg: str | None = None):

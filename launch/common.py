@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from attnmt.errors import ConfigError
-from attnmt.overrides import OVERRIDE_PREFIX
-from attnmt.overrides import split_overrides as _split_overrides
+from attnmt.config.overrides import OVERRIDE_PREFIX
+from attnmt.config.overrides import split_overrides as _split_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEREDOC_END = "ATTNMT_EOF"
@@ -50,7 +50,7 @@ def format_value(value: Any) -> str:
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """Separates `--config.a.b=v` (or `--config.a.b v`) from the launcher's own flags, read
-    as attnmt itself reads them (attnmt.overrides)."""
+    as attnmt itself reads them (attnmt.config.overrides)."""
     try:
         return _split_overrides(argv)
     except ConfigError as error:

@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 from IPython.display import display
 
-from attnmt.attention.figures import (
+from attnmt.inspection.figures import (
     alignment_figure,
     head_figure,
     layer_figure,
@@ -78,19 +78,19 @@ from attnmt.attention.figures import (
     query_figure,
     statistics_figure,
 )
-from attnmt.attention.files import write_figures
-from attnmt.attention.stats import format_table, head_statistics
-from attnmt.attention.view import KINDS, attention_view, view_from_ids
-from attnmt.model.config import ModelConfig
+from attnmt.inspection.files import write_figures
+from attnmt.inspection.stats import format_table, head_statistics
+from attnmt.inspection.view import KINDS, attention_view, view_from_ids
+from attnmt.config.model import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID
+from attnmt.common import EOS_ID
 
 SENTENCE = os.environ.get("ATTNMT_SENTENCE", "A man in a blue shirt is standing on a ladder .")
 TRANSLATION = os.environ.get("ATTNMT_TRANSLATION", "")
 WORKDIR = os.environ.get("ATTNMT_WORKDIR")
 
 if WORKDIR:
-    from attnmt.decode.config import DecodeConfig
+    from attnmt.config.decode import DecodeConfig
     from attnmt.decode.translate import Translator
     from attnmt.workdir import load_run
 

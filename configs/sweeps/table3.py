@@ -5,7 +5,7 @@ WMT'14 En→De (dev = newstest2013), each for the config's number of steps.
         --launcher tpu_vm --tpu 'ende-{run}' --zone us-central2-b
     attnmt report gs://bucket/sweeps/table3
 
-Rows are named as in attnmt.variants (A1 = one head, ..., C4 = d_model 256, E = learned
+Rows are named as in attnmt.config.variants (A1 = one head, ..., C4 = d_model 256, E = learned
 positions). Dev BLEU (beam 4, α 0.6, no checkpoint averaging, as for Table 3) is computed
 once, at the last step.
 """

@@ -12,12 +12,12 @@ from typing import Any
 import jax
 
 from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir
+from attnmt.config.experiment import Experiment
+from attnmt.config.model import ModelConfig
 from attnmt.data.pair_tokenizer import PairTokenizer
 from attnmt.data.prepare import vocab_path
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import CheckpointError
-from attnmt.experiment import Experiment
-from attnmt.model.config import ModelConfig
 from attnmt.model.param_count import abstract_params
 from attnmt.storage import Path, as_path
 
@@ -44,7 +44,7 @@ def abstract_params_on_one_device(model: ModelConfig) -> Any:
     )
 
 
-def load_tokenizer(experiment: Experiment, workdir: str | os.PathLike) -> Tokenizer | PairTokenizer:
+def load_tokenizer(experiment: Experiment, workdir: Path) -> Tokenizer | PairTokenizer:
     """The run's vocabulary: its shared sentencepiece model, or an imported pair of them."""
     path = vocab_path(experiment.data, workdir)
     if experiment.data.vocab_kind == "pair":

@@ -10,19 +10,18 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
+from attnmt.cli.arguments import Overrides, add_decode_arguments, decode_config, load_runs
 from attnmt.errors import ConfigError
 from attnmt.storage import local_only
 
 
-def add_attention_command(commands: argparse._SubParsersAction) -> None:
+def add_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "attention", help="attention figures for a sentence, or BLEU change per ablated head"
     )
-    _add_decode_arguments(parser)
+    add_decode_arguments(parser)
     parser.add_argument("--out", required=True, help="folder for the figures / tables")
     parser.add_argument("--text", default=None, help="the source sentence")
     parser.add_argument("--translation", default=None, help="default: the model's own")
@@ -45,16 +44,15 @@ def _zero_based(values: list[int] | None, count: int, what: str) -> list[int] | 
     return [v - 1 for v in values]
 
 
-def run_attention(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+def run_attention(args: argparse.Namespace, overrides: Overrides) -> int:
     if args.ensemble:
         raise ConfigError("attnmt attention looks at one model: drop --ensemble")
     if args.ablate == (args.text is not None):
         raise ConfigError("give either --text (figures) or --ablate (head ablation)")
-    run = _load_runs(args)[0]
-    decode = _decode_config(run, args, overrides)
+    run = load_runs(args)[0]
     from attnmt.decode.translate import Translator
 
-    translator = Translator([run.experiment.model], [run.params], run.tokenizer, decode)
+    translator = Translator.from_runs([run], decode_config(run, args, overrides))
     # Figures are saved by matplotlib to local files: copy them to a bucket afterwards.
     out = Path(local_only(args.out, "attnmt attention --out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -64,9 +62,9 @@ def run_attention(args: argparse.Namespace, overrides: Sequence[str]) -> int:
 
 
 def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
-    from attnmt.attention.files import write_figures
-    from attnmt.attention.stats import format_table, head_statistics
-    from attnmt.attention.view import KINDS, attention_view
+    from attnmt.inspection.files import write_figures
+    from attnmt.inspection.stats import format_table, head_statistics
+    from attnmt.inspection.view import KINDS, attention_view
 
     translation = args.translation
     if translation is None:
@@ -95,9 +93,9 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
 
 
 def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
-    from attnmt.attention.ablation import ablate_heads, ablation_figure, format_ablation
     from attnmt.data.prepare import load_split
     from attnmt.decode.evaluation import score
+    from attnmt.inspection.ablation import ablate_heads, ablation_figure, format_ablation
 
     experiment = run.experiment
     split = args.split or experiment.data.eval_split

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+
+from attnmt.cli.arguments import Overrides, local_path
+from attnmt.config.overrides import only_section
+from attnmt.errors import ConfigError
 
 
-def _cmd_import(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from attnmt.cli.main import only_section_overrides
+def _cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.interop.hf_import import import_marian
 
-    only_section_overrides("import", overrides, None)
+    only_section("import", overrides, None)
     experiment = import_marian(args.hf_dir, args.workdir)
     model = experiment.model
     print(
@@ -20,16 +22,13 @@ def _cmd_import(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-def _cmd_export(args: argparse.Namespace, overrides: Sequence[str]) -> int:
-    from attnmt.cli.main import only_section_overrides
+def _cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
 
-    only_section_overrides("export", overrides, None)
+    only_section("export", overrides, None)
     if args.format == "hf":
         from attnmt.interop.hf_export import export_marian
 
         if args.quantization is not None:
-            from attnmt.errors import ConfigError
-
             raise ConfigError("--quantization applies to --format ctranslate2 only")
         out = export_marian(args.workdir, args.out, args.step)
     else:
@@ -40,39 +39,23 @@ def _cmd_export(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-def _local(what: str):
-    """argparse type: a local path only (Hugging Face's and CTranslate2's own code read and
-    write plain files: copy to or from a bucket separately)."""
-
-    def check(value: str) -> str:
-        from attnmt.errors import ConfigError
-        from attnmt.storage import local_only
-
-        try:
-            return local_only(value, what)
-        except ConfigError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return check
-
-
-def add_interop_commands(commands: argparse._SubParsersAction, workdir_type) -> None:
+def add_command(commands: argparse._SubParsersAction) -> None:
     imp = commands.add_parser(
         "import", help="a Hugging Face MarianMT directory (save_pretrained) → a workdir"
     )
     imp.add_argument(
         "hf_dir",
-        type=_local("the folder to import"),
+        type=local_path("the folder to import"),
         help="folder with config.json, weights, vocab.json, *.spm",
     )
-    imp.add_argument("--workdir", required=True, type=workdir_type)
+    imp.add_argument("--workdir", required=True, type=local_path("this command's --workdir"))
     imp.set_defaults(handler=_cmd_import)
 
     exp = commands.add_parser("export", help="a workdir's model for Hugging Face or CTranslate2")
-    exp.add_argument("--workdir", required=True, type=workdir_type)
+    exp.add_argument("--workdir", required=True, type=local_path("this command's --workdir"))
     exp.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
     exp.add_argument("--format", required=True, choices=("hf", "ctranslate2"))
-    exp.add_argument("--out", required=True, type=_local("--out"), help="output folder")
+    exp.add_argument("--out", required=True, type=local_path("--out"), help="output folder")
     exp.add_argument(
         "--quantization", default=None, help="ctranslate2 only: float32 (default), int8, …"
     )

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 
-from attnmt.cli.main import _add_decode_arguments, _decode_config, _load_runs
+from attnmt.cli.arguments import Overrides, add_decode_arguments, decode_config, load_runs
 from attnmt.errors import ConfigError, DataError
 from attnmt.storage import as_path
 
 
-def add_parse_command(commands: argparse._SubParsersAction) -> None:
+def add_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "parse", help="constituency trees for tokenized sentences (a parsing run, §6.3)"
     )
-    _add_decode_arguments(parser)
+    add_decode_arguments(parser)
     parser.add_argument("--input", default=None, help="one tokenized sentence per line (stdin)")
     parser.add_argument("--output", default=None, help="one bracketed tree per line (stdout)")
     parser.set_defaults(handler=run_parse)
@@ -27,7 +26,7 @@ def _parsing_run(args: argparse.Namespace):
         raise ConfigError(
             f"attnmt {args.command} on a parsing run takes one model: drop --ensemble"
         )
-    run = _load_runs(args)[0]
+    run = load_runs(args)[0]
     if run.experiment.data.source != "treebank":
         raise ConfigError(
             f"{args.workdir} was trained on data.source={run.experiment.data.source!r}, not a "
@@ -36,11 +35,11 @@ def _parsing_run(args: argparse.Namespace):
     return run
 
 
-def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
+def run_parse(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.decode.parsing import bracketed_lines, parse_sentences, parsing_translator
 
     run = _parsing_run(args)
-    translator = parsing_translator(run, _decode_config(run, args, overrides))
+    translator = parsing_translator(run, decode_config(run, args, overrides))
     try:
         source = (
             as_path(args.input, "--input").read_bytes() if args.input else sys.stdin.buffer.read()
@@ -61,17 +60,16 @@ def run_parse(args: argparse.Namespace, overrides: Sequence[str]) -> int:
     return 0
 
 
-def evaluate_parsing(args: argparse.Namespace, overrides: Sequence[str], split: str) -> int:
+def evaluate_parsing(args: argparse.Namespace, overrides: Overrides, split: str) -> int:
     from attnmt.decode.parsing import evaluate_parse_split
-    from attnmt.train.metrics import MetricsSink
+    from attnmt.metrics import MetricsSink
 
     run = _parsing_run(args)
-    decode = _decode_config(run, args, overrides)
-    scores = evaluate_parse_split(
-        run, split, decode, as_path(args.workdir, "--workdir") / "decodes"
-    )
+    decode = decode_config(run, args, overrides)
+    workdir = as_path(args.workdir, "--workdir")
+    scores = evaluate_parse_split(run, split, decode, workdir / "decodes")
     print(scores.format())
-    sink = MetricsSink(args.workdir)
+    sink = MetricsSink(workdir)
     sink.write(f"parse_{split}", run.step, scores.scalars())
     sink.close()
     return 0

@@ -4,7 +4,7 @@ Length buckets pad every example up to its bucket's length and compile one progr
 bucket; on Multi30K that left about a fifth of every batch as padding. Packing fills rows
 end to end instead: one shape, one compiled step, and padding only where no further
 example fits. The model keeps each example to itself through segment ids (attention only
-within a segment) and per-example positions (attnmt.batch_keys), so a packed example is
+within a segment) and per-example positions (attnmt.common), so a packed example is
 computed exactly as it would be in a row of its own.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnmt.special_tokens import PAD_ID
+from attnmt.common import PAD_ID
 
 
 @dataclass(frozen=True, eq=False)

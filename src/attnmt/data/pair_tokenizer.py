@@ -15,9 +15,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from attnmt.common import EOS_ID, PAD_ID, UNK_ID
 from attnmt.data.tokenizer import SpecialIds
 from attnmt.errors import DataError
-from attnmt.special_tokens import EOS_ID, PAD_ID, UNK_ID
 
 VOCAB_FILE = "vocab.json"
 SOURCE_SPM = "source.spm"

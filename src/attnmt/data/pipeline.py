@@ -11,11 +11,11 @@ from typing import IO, Any
 
 import numpy as np
 
+from attnmt.common import EOS_ID, PAD_ID
 from attnmt.data.batching import PlannedBatch, assign_buckets, plan_epoch
 from attnmt.data.packing import PackedBatch, fill_rows, pack_epoch
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
-from attnmt.special_tokens import EOS_ID, PAD_ID
 from attnmt.storage import as_path, write_atomic
 
 _FORMAT_VERSION = 1
@@ -159,7 +159,7 @@ class TokenizedCorpus:
         self, batch: PackedBatch, first_row: int, rows: int, length: int
     ) -> dict[str, np.ndarray]:
         """Rows ``first_row … first_row + rows - 1`` of a packed batch: tokens, segment ids
-        and positions of both sides (attnmt.batch_keys)."""
+        and positions of both sides (attnmt.common)."""
         out = {}
         for side, name in ((self._src, "src"), (self._tgt, "tgt")):
             tokens, segments, positions = fill_rows(

@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 
+from attnmt.config.data import DataConfig
 from attnmt.data import sources
-from attnmt.data.config import DataConfig
 from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
 from attnmt.data.tokenizer import Tokenizer, train_vocab
@@ -39,11 +38,11 @@ def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
     )
 
 
-def vocab_path(config: DataConfig, workdir: str | os.PathLike) -> Path:
+def vocab_path(config: DataConfig, workdir: Path) -> Path:
     if config.vocab_path:
         return as_path(config.vocab_path, "data.vocab_path")
     name = VOCAB_FILE if config.vocab_kind == "pair" else "vocab.model"
-    return as_path(workdir, "--workdir") / name
+    return workdir / name
 
 
 def tree_symbols(pairs: list[tuple[str, str]], leaves: str = "pos") -> list[str]:
@@ -57,7 +56,7 @@ def tree_symbols(pairs: list[tuple[str, str]], leaves: str = "pos") -> list[str]
 
 
 def ensure_vocab(
-    config: DataConfig, vocab_size: int, workdir: str | os.PathLike, decoder_start_id: int = 0
+    config: DataConfig, vocab_size: int, workdir: Path, decoder_start_id: int = 0
 ) -> Tokenizer | PairTokenizer:
     """Loads the shared vocabulary, training it on the training split first if absent (a
     `pair` vocabulary, whose decoder starts on `decoder_start_id`, is only ever loaded)."""
@@ -92,7 +91,7 @@ def tokenized_split(
     tokenizer_path: Path,
     tokenizer: Tokenizer,
     split: str,
-    workdir: str | os.PathLike,
+    workdir: Path,
 ) -> tuple[TokenizedCorpus, FilterStats]:
     """Tokenizes a split once and caches it in <workdir>/data/, keyed by everything that
     changes the result (source, split, languages, treebank options, vocabulary bytes, max
@@ -115,7 +114,7 @@ def tokenized_split(
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cache = as_path(workdir, "--workdir") / "data" / f"{split}-{digest}.npz"
+    cache = workdir / "data" / f"{split}-{digest}.npz"
     stats_file = cache.with_suffix(".stats.json")
     if cache.exists() and stats_file.exists():
         stats = FilterStats(**json.loads(stats_file.read_text()))

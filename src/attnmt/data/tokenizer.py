@@ -16,8 +16,8 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from attnmt.common import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 from attnmt.errors import DataError
-from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 from attnmt.storage import Path, as_path, write_bytes_atomic
 
 WORD_START = "\u2581"  # sentencepiece's mark for a piece that begins a word
@@ -64,35 +64,49 @@ def train_vocab(
             yield text
 
     sample = _sample_sentences(counted(), max_sentences, seed)
-    # Train in memory (model_writer) rather than to a file prefix: the prefix would be
-    # recorded in the model, so the same input would not give the same bytes.
-    proto = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
-            model_writer=proto,
-            vocab_size=vocab_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            input_sentence_size=0,  # load every sentence given: the sample above
-            shuffle_input_sentence=False,
-            hard_vocab_limit=False,
-            pad_id=PAD_ID,
-            eos_id=EOS_ID,
-            bos_id=BOS_ID,
-            unk_id=UNK_ID,
-            # With the word-start mark: a bare `(NP` symbol would leave `▁` as a piece of
-            # its own before every bracket, doubling the target's length.
-            user_defined_symbols=[WORD_START + word for word in whole_words],
-            minloglevel=2,
+        model_bytes = _train_model_bytes(
+            sample, vocab_size, model_type, character_coverage, whole_words
         )
     except RuntimeError as e:
         raise _training_error(e, vocab_size, fed) from None
-    model_bytes = proto.getvalue()
     # .vocab first: a present .model then means both files are complete.
     write_bytes_atomic(vocab_path, _vocab_listing(model_bytes).encode("utf-8"))
     write_bytes_atomic(model_path, model_bytes)
     return model_path
+
+
+def _train_model_bytes(
+    sentences: list[str],
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    whole_words: Sequence[str],
+) -> bytes:
+    """The serialized sentencepiece model trained on exactly ``sentences`` with attnmt's
+    fixed special ids; sentencepiece's RuntimeError passes through."""
+    # Train in memory (model_writer) rather than to a file prefix: the prefix would be
+    # recorded in the model, so the same input would not give the same bytes.
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=proto,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=0,  # load every sentence given: the caller's sample
+        shuffle_input_sentence=False,
+        hard_vocab_limit=False,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        bos_id=BOS_ID,
+        unk_id=UNK_ID,
+        # With the word-start mark: a bare `(NP` symbol would leave `▁` as a piece of
+        # its own before every bracket, doubling the target's length.
+        user_defined_symbols=[WORD_START + word for word in whole_words],
+        minloglevel=2,
+    )
+    return proto.getvalue()
 
 
 def _sample_sentences(texts: Iterable[str], size: int, seed: int) -> list[str]:

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
@@ -356,11 +356,25 @@ def beam_search(
     capacities = _check_growth(cache_growth, max_decode_len)
     row_max = _row_max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
     alpha = jnp.asarray(alpha, jnp.float32)
+    state = _initial_beam_state(cache, batch_size, beam_size, max_decode_len, (bos_id, pad_id))
+
+    def body(s: _BeamState) -> _BeamState:
+        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id), constraint)
+
+    final = _run_until_done(state, body, capacities, cache_growth)
+    return _finished_hypotheses(final, pad_id)
+
+
+def _initial_beam_state(
+    cache: PyTree, batch_size: int, beam_size: int, max_decode_len: int, ids: tuple[int, int]
+) -> _BeamState:
+    """The search before its first step; ``ids`` = (bos_id, pad_id)."""
+    bos_id, pad_id = ids
     shape = (batch_size, beam_size)
     # All beams start as the same empty prefix; only beam 0 is alive so that the first step does
     # not produce beam_size copies of every candidate.
     live_logp = jnp.full(shape, NEG_INF, jnp.float32).at[:, 0].set(0.0)
-    state = _BeamState(
+    return _BeamState(
         step=jnp.array(0, jnp.int32),
         last_tok=jnp.full(shape, bos_id, jnp.int32),
         live_seqs=jnp.full((*shape, max_decode_len), pad_id, jnp.int32),
@@ -371,10 +385,10 @@ def beam_search(
         cache=cache,
     )
 
-    def body(s: _BeamState) -> _BeamState:
-        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id), constraint)
 
-    final = _run_until_done(state, body, capacities, cache_growth)
+def _finished_hypotheses(final: _BeamState, pad_id: int) -> tuple[jax.Array, jax.Array]:
+    """(sequences [batch, beam, max_decode_len], scores [batch, beam]) of the finished set;
+    an empty slot (score -inf) gets an all-``pad_id`` sequence."""
     empty = jnp.isneginf(final.fin_scores)[:, :, None]  # [batch, beam, 1]
     sequences = jnp.where(empty, pad_id, final.fin_seqs)  # [batch, beam, max_decode_len]
     return sequences, final.fin_scores

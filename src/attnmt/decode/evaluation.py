@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.experiment import Experiment
 from attnmt.data.prepare import load_split
-from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
 from attnmt.evaluate.bleu import (
     BleuResult,
@@ -16,7 +17,6 @@ from attnmt.evaluate.bleu import (
     sacre_bleu,
     tokenized_bleu,
 )
-from attnmt.experiment import Experiment
 from attnmt.storage import Path
 from attnmt.workdir import LoadedRun
 
@@ -79,12 +79,7 @@ def evaluate_split(
     pairs = load_split(main.experiment.data, split)
     sources = [src for src, _ in pairs]
     references = [tgt for _, tgt in pairs]
-    translator = Translator(
-        [run.experiment.model for run in runs],
-        [run.params for run in runs],
-        main.tokenizer,
-        decode,
-    )
+    translator = Translator.from_runs(runs, decode)
     start = time.monotonic()
     hypotheses = translator.translate(sources)
     seconds = time.monotonic() - start

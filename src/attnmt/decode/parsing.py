@@ -22,6 +22,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from attnmt.config.decode import DecodeConfig
 from attnmt.data.parsing import treebank_trees
 from attnmt.data.treebank import (
     Tree,
@@ -32,7 +33,6 @@ from attnmt.data.treebank import (
     to_bracketed,
     words,
 )
-from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.evaluate.parse_f1 import ParseScores, score_trees
@@ -50,7 +50,7 @@ def parsing_translator(run: LoadedRun, decode: DecodeConfig) -> Translator:
             run.experiment.model.vocab_size,
             copy_words=run.experiment.data.treebank_leaves == "words",
         )
-    return Translator([run.experiment.model], [run.params], run.tokenizer, decode, grammar=grammar)
+    return Translator.from_runs([run], decode, grammar=grammar)
 
 
 def parse_sentences(

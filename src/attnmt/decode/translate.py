@@ -14,16 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from attnmt.compile_options import compiler_options
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.model import ModelConfig
+from attnmt.config.xla import compiler_options
 from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
-from attnmt.decode.config import DecodeConfig
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.model import layout
-from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +293,14 @@ class Translator:
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
+
+    @classmethod
+    def from_runs(cls, runs: Sequence[Any], decode: DecodeConfig, **options: Any) -> Translator:
+        """A translator for runs loaded by attnmt/workdir.py's load_run (an ensemble when
+        there are several; the first one's tokenizer); `options` as for the constructor."""
+        models = [run.experiment.model for run in runs]
+        params = [run.params for run in runs]
+        return cls(models, params, runs[0].tokenizer, decode, **options)
 
     def set_params(self, params_list: Sequence[Any]) -> None:
         """The parameters to translate with, one per model, as training stores them (None:

@@ -26,15 +26,59 @@ finish at all (its limit too short for its words) is left unconstrained.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
 
 # Token classes of the grammar.
 OTHER, LEAF, OPEN, CLOSE = 0, 1, 2, 3
+
+
+class _PrefixState(NamedTuple):
+    """A prefix's place in the tree, each [batch, k]."""
+
+    leaves: jax.Array  # leaf tokens placed
+    depth: jax.Array  # brackets open
+    required_close: jax.Array  # id closing the innermost open constituent (-1: any close)
+    just_opened: jax.Array  # the last token opened a bracket
+
+
+class _Moves(NamedTuple):
+    """Which token classes may come next, each bool [batch, k]."""
+
+    leaf: jax.Array
+    open: jax.Array
+    close: jax.Array
+    eos: jax.Array
+
+
+def _allowed_moves(
+    state: _PrefixState,
+    step: jax.Array,
+    needed: jax.Array,
+    in_word: jax.Array,
+    row_max: jax.Array,
+) -> _Moves:
+    """The grammar's rules (module docstring) for the token at ``step``; ``needed``: leaf
+    tokens each row must place, ``in_word``: a copied word is half written, ``row_max``:
+    [batch, 1] length limits."""
+    leaves, depth, just_opened = state.leaves, state.depth, state.just_opened
+
+    def fits(new_leaves: jax.Array, new_depth: jax.Array) -> jax.Array:
+        # After this token: the missing leaves, one close per open bracket and EOS.
+        return (needed - new_leaves) + new_depth + 1 <= row_max - step - 1
+
+    allow_leaf = (leaves < needed) & (depth > 0) & fits(leaves + 1, depth)
+    allow_open = (
+        ((step == 0) | (depth > 0)) & (leaves < needed) & ~in_word & fits(leaves, depth + 1)
+    )
+    allow_close = (depth > 0) & ~just_opened & ((depth > 1) | (leaves >= needed)) & ~in_word
+    allow_eos = (leaves >= needed) & (depth == 0) & (step > 0)
+    return _Moves(allow_leaf, allow_open, allow_close, allow_eos)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -87,6 +131,33 @@ class TreeGrammar:
         ignored.
         """
         token_class = jnp.asarray(self.token_class)
+        state = self._prefix_state(token_class, prefixes, step)
+        vocab = token_class[None, None, :]  # [1, 1, vocab]
+        ids = jnp.arange(token_class.shape[0])
+        row_max = row_max[:, None]  # [batch, 1]
+        if self.copy_words:
+            needed, next_piece, in_word = self._copy_position(state.leaves, copy)
+            leaf_ids = (vocab == LEAF) & (ids == next_piece[..., None])
+        else:
+            needed, in_word = words[:, None], jnp.zeros_like(state.leaves, bool)
+            leaf_ids = vocab == LEAF
+        allow = _allowed_moves(state, step, needed, in_word, row_max)
+
+        required_close = state.required_close
+        close_matches = (required_close[..., None] < 0) | (ids == required_close[..., None])
+        allowed = (
+            (leaf_ids & allow.leaf[..., None])
+            | ((vocab == OPEN) & allow.open[..., None])
+            | ((vocab == CLOSE) & allow.close[..., None] & close_matches)
+            | ((ids == EOS_ID) & allow.eos[..., None])
+        )  # [batch, k, vocab]
+        # Rows the grammar cannot finish keep the model's own choices.
+        return ~allowed & jnp.any(allowed, axis=-1, keepdims=True)
+
+    def _prefix_state(
+        self, token_class: jax.Array, prefixes: jax.Array, step: jax.Array
+    ) -> _PrefixState:
+        """Where each prefix [batch, k, L] stands in the tree after its first ``step`` tokens."""
         classes = token_class[prefixes]  # [batch, k, L]
         filled = jnp.arange(prefixes.shape[-1]) < step  # [L]
         is_open = (classes == OPEN) & filled
@@ -102,37 +173,7 @@ class TreeGrammar:
         required_close = jnp.asarray(self.closing_id)[innermost_tok]  # [batch, k]
         previous = jnp.take(classes, jnp.maximum(step - 1, 0), axis=-1)  # [batch, k]
         just_opened = (step > 0) & (previous == OPEN)
-
-        vocab = token_class[None, None, :]  # [1, 1, vocab]
-        ids = jnp.arange(token_class.shape[0])
-        row_max = row_max[:, None]  # [batch, 1]
-        if self.copy_words:
-            needed, next_piece, in_word = self._copy_position(leaves, copy)
-            leaf_ids = (vocab == LEAF) & (ids == next_piece[..., None])
-        else:
-            needed, in_word = words[:, None], jnp.zeros_like(leaves, bool)
-            leaf_ids = vocab == LEAF
-
-        def fits(new_leaves: jax.Array, new_depth: jax.Array) -> jax.Array:
-            # After this token: the missing leaves, one close per open bracket and EOS.
-            return (needed - new_leaves) + new_depth + 1 <= row_max - step - 1
-
-        allow_leaf = (leaves < needed) & (depth > 0) & fits(leaves + 1, depth)
-        allow_open = (
-            ((step == 0) | (depth > 0)) & (leaves < needed) & ~in_word & fits(leaves, depth + 1)
-        )
-        allow_close = (depth > 0) & ~just_opened & ((depth > 1) | (leaves >= needed)) & ~in_word
-        allow_eos = (leaves >= needed) & (depth == 0) & (step > 0)
-
-        close_matches = (required_close[..., None] < 0) | (ids == required_close[..., None])
-        allowed = (
-            (leaf_ids & allow_leaf[..., None])
-            | ((vocab == OPEN) & allow_open[..., None])
-            | ((vocab == CLOSE) & allow_close[..., None] & close_matches)
-            | ((ids == EOS_ID) & allow_eos[..., None])
-        )  # [batch, k, vocab]
-        # Rows the grammar cannot finish keep the model's own choices.
-        return ~allowed & jnp.any(allowed, axis=-1, keepdims=True)
+        return _PrefixState(leaves, depth, required_close, just_opened)
 
     def _copy_position(
         self, leaves: jax.Array, copy: tuple[jax.Array, jax.Array] | None

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from attnmt.common import PAD_ID
 from attnmt.errors import ConfigError, UserError
 from attnmt.interop.hf_export import export_marian
 from attnmt.interop.hf_files import HF_EXTRA
-from attnmt.special_tokens import PAD_ID
 from attnmt.workdir import load_run
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_float16", "int16", "float16", "bfloat16")

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from attnmt.common import PAD_ID
+from attnmt.config.model import ModelConfig
 from attnmt.data.pair_tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_FILE
 from attnmt.errors import ConfigError
 from attnmt.interop.hf_files import write_json, write_weights
@@ -24,8 +26,6 @@ from attnmt.interop.marian_config import check_exportable, hf_config
 from attnmt.interop.marian_weights import marian_from_params
 from attnmt.interop.vocab_order import attnmt_ids_in_marian_order
 from attnmt.model import layout
-from attnmt.model.config import ModelConfig
-from attnmt.special_tokens import PAD_ID
 from attnmt.workdir import LoadedRun, load_run
 
 

@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir
-from attnmt.config_defaults import base_config
+from attnmt.common import PAD_ID
+from attnmt.config.experiment import Experiment
+from attnmt.config.recipes import base_config
 from attnmt.data.pair_tokenizer import SOURCE_SPM, TARGET_SPM, VOCAB_FILE, read_vocab
 from attnmt.errors import CheckpointError, ConfigError
-from attnmt.experiment import Experiment
 from attnmt.interop.hf_files import read_json, read_weights, write_json
 from attnmt.interop.marian_config import check_importable, model_options
 from attnmt.interop.marian_weights import params_from_marian
 from attnmt.interop.vocab_order import marian_ids_in_attnmt_order
-from attnmt.special_tokens import PAD_ID
 
 
 def _check_tokenizer(folder: Path, tokenizer_config: dict[str, Any]) -> None:

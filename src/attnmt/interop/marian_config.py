@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnmt.config.model import ModelConfig
 from attnmt.errors import ConfigError
-from attnmt.model.config import ModelConfig
 
 # Keys (with the value attnmt supports) that Hugging Face's MarianMTModel ignores, kept by
 # older conversions from other BART-like models: a checkpoint setting another value was
@@ -140,21 +140,38 @@ def check_exportable(model: ModelConfig) -> None:
             raise ConfigError(
                 f"cannot export: model.{key}={getattr(model, key)!r} ({why}; needs {wanted!r})"
             )
+    problem = head_size_problem(model)
+    if problem:
+        raise ConfigError(f"cannot export: {problem}")
+
+
+def head_size_problem(model: ModelConfig) -> str | None:
+    """Why MarianMTModel cannot hold `model`'s attention heads (it requires
+    d_k = d_v = d_model / num_heads), or None when it can."""
     head_dim = model.d_model // model.num_heads
     if model.d_model % model.num_heads or (model.d_k, model.d_v) != (head_dim, head_dim):
-        raise ConfigError(
-            f"cannot export: model.d_k={model.d_k}, model.d_v={model.d_v} must both be "
+        return (
+            f"model.d_k={model.d_k}, model.d_v={model.d_v} must both be "
             f"model.d_model / model.num_heads = {model.d_model / model.num_heads:g}"
         )
+    return None
 
 
-def hf_config(model: ModelConfig, marian_start: int) -> dict[str, Any]:
-    """config.json of the MarianMTModel computing `model` (vocabulary in Marian's layout:
-    eos 0, pad last; `marian_start` the decoder start's id there)."""
-    pad = model.vocab_size - 1
+def marian_kwargs(
+    model: ModelConfig,
+    *,
+    pad_id: int,
+    eos_id: int,
+    decoder_start_id: int,
+    forced_eos_id: int | None,
+    max_positions: int | None = None,
+) -> dict[str, Any]:
+    """MarianConfig keyword arguments (config.json keys) of the MarianMTModel with `model`'s
+    sizes, activation, dropout and embedding scale, one embedding matrix shared by encoder,
+    decoder and output. The token ids are the caller's: export writes Marian's vocabulary
+    layout, the benchmark peer keeps attnmt's. `max_positions` defaults to model.max_length.
+    Checks nothing: check_exportable says whether the Marian model computes alike."""
     return {
-        "architectures": ["MarianMTModel"],
-        "model_type": "marian",
         "vocab_size": model.vocab_size,
         "decoder_vocab_size": model.vocab_size,
         "d_model": model.d_model,
@@ -167,14 +184,28 @@ def hf_config(model: ModelConfig, marian_start: int) -> dict[str, Any]:
         "activation_function": model.activation,
         "dropout": model.dropout_rate,
         "attention_dropout": model.attention_dropout_rate,
-        "activation_dropout": 0.0,
-        "max_position_embeddings": model.max_length,
+        "activation_dropout": 0.0,  # attnmt has no dropout inside the FFN
+        "max_position_embeddings": model.max_length if max_positions is None else max_positions,
         "scale_embedding": model.scale_embedding,
-        "pad_token_id": pad,
-        "eos_token_id": 0,
-        "forced_eos_token_id": 0,
-        "decoder_start_token_id": marian_start,
+        "pad_token_id": pad_id,
+        "eos_token_id": eos_id,
+        "forced_eos_token_id": forced_eos_id,
+        "decoder_start_token_id": decoder_start_id,
         "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True,
+    }
+
+
+def hf_config(model: ModelConfig, marian_start: int) -> dict[str, Any]:
+    """config.json of the MarianMTModel computing `model` (vocabulary in Marian's layout:
+    eos 0, pad last; `marian_start` the decoder start's id there)."""
+    pad = model.vocab_size - 1
+    mapping = marian_kwargs(
+        model, pad_id=pad, eos_id=0, decoder_start_id=marian_start, forced_eos_id=0
+    )
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        **mapping,
         "is_encoder_decoder": True,
     }

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from attnmt.config.model import ModelConfig
 from attnmt.errors import CheckpointError
-from attnmt.model.config import ModelConfig
 
 # attnmt sub-layer → Marian module, per stack
 _ENCODER_PARTS = {

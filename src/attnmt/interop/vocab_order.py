@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnmt.special_tokens import EOS_ID, PAD_ID, UNK_ID
+from attnmt.common import EOS_ID, PAD_ID, UNK_ID
 
 
 def marian_ids_in_attnmt_order(size: int, pad: int, eos: int, unk: int) -> np.ndarray:

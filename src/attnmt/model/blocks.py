@@ -9,8 +9,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from attnmt import axes
-from attnmt.model.config import ModelConfig
+from attnmt.common import axes
+from attnmt.config.model import ModelConfig
 from attnmt.model.layers import FeedForward, MultiHeadAttention, layer_norm
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from attnmt.special_tokens import PAD_ID
+from attnmt.common import PAD_ID
 
 
 def nonpad_lengths(tokens: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""Building blocks of the Transformer (PAPER.md "Architecture", §3.2-§3.5).
+"""Building blocks of the Transformer (the paper's §3.2-§3.5).
 
-Every parameter carries logical axis names from `attnmt.axes` and so do the main
+Every parameter carries logical axis names from `attnmt.common` and so do the main
 activations; `attnmt.parallel.sharding` maps them to a device mesh.
 """
 
@@ -12,9 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attnmt import axes
-from attnmt.model.config import ModelConfig
-from attnmt.special_tokens import PAD_ID
+from attnmt.common import PAD_ID, axes
+from attnmt.config.model import ModelConfig
 
 # A large finite negative: -inf would turn a fully masked row into NaN.
 _MASKED = -1e9

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attnmt.model.config import ModelConfig
+from attnmt.config.model import ModelConfig
 
 _STACKS = ("encoder", "decoder")
 

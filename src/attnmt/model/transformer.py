@@ -6,11 +6,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from attnmt import axes
+from attnmt.common import BOS_ID, PAD_ID, axes
+from attnmt.config.model import ModelConfig
 from attnmt.model.blocks import DecoderLayer, DecoderStack, EncoderLayer, EncoderStack
-from attnmt.model.config import ModelConfig
 from attnmt.model.layers import PositionalEncoding, SharedEmbedding, constrain, layer_norm
-from attnmt.special_tokens import BOS_ID, PAD_ID
 
 
 def padding_mask(query_tokens: jax.Array | None, key_tokens: jax.Array) -> jax.Array:
@@ -61,7 +60,7 @@ class Transformer(nn.Module):
 
     `__call__(src_tokens, tgt_tokens)` returns float32 logits [batch, tgt_len, vocab] for
     teacher forcing: position t predicts tgt_tokens[:, t] from tgt_tokens[:, :t]. Packed
-    rows (attnmt.batch_keys) also pass segment ids and positions: each example then sees
+    rows (attnmt.common) also pass segment ids and positions: each example then sees
     only itself, exactly as if it had a row of its own.
     Incremental decoding: `encode` once, build the cache with `decode(..., decode=True,
     max_decode_len=L)` under `mutable=["cache"]`, then call `decode` one token at a time.
@@ -167,28 +166,60 @@ class Transformer(nn.Module):
             self_mask = None  # the cache builds the causal mask for its one query
         else:
             offset = 0
-            length = decoder_input.shape[1]
-            self_mask = causal_mask(length)
-            if packed:
-                self_mask = jnp.logical_and(self_mask, segment_mask(tgt_segments, tgt_segments))
-            elif self.config.decoder_start_id != PAD_ID:
-                # (A pad start token, Marian's, must stay visible; the causal mask alone
-                # hides the padding after a target from every real position anyway.)
-                self_mask = jnp.logical_and(self_mask, padding_mask(None, decoder_input))
+            self_mask = self._teacher_forcing_mask(decoder_input, tgt_segments if packed else None)
         x = self._embed(decoder_input, self.decoder_positions, offset, train, tgt_positions)
+        x = self._run_decoder(x, encoded, (self_mask, cross_mask), train, decode, max_decode_len)
+        return self._output_logits(x)
+
+    # The helpers below only split `decode` up: nowrap keeps them out of Flax's method
+    # wrapping, so traces (named scopes, call records) are exactly those of `decode` itself.
+
+    @nn.nowrap
+    def _teacher_forcing_mask(
+        self, decoder_input: jax.Array, tgt_segments: jax.Array | None
+    ) -> jax.Array:
+        """Decoder self-attention mask over a whole target: causal, and within each example
+        of a packed row (``tgt_segments`` given) or, unless the start token is PAD, over
+        real tokens only."""
+        length = decoder_input.shape[1]
+        self_mask = causal_mask(length)
+        if tgt_segments is not None:
+            self_mask = jnp.logical_and(self_mask, segment_mask(tgt_segments, tgt_segments))
+        elif self.config.decoder_start_id != PAD_ID:
+            # (A pad start token, Marian's, must stay visible; the causal mask alone
+            # hides the padding after a target from every real position anyway.)
+            self_mask = jnp.logical_and(self_mask, padding_mask(None, decoder_input))
+        return self_mask
+
+    @nn.nowrap
+    def _run_decoder(
+        self,
+        x: jax.Array,
+        encoded: jax.Array,
+        masks: tuple[jax.Array | None, jax.Array],
+        train: bool,
+        decode: bool,
+        max_decode_len: int,
+    ) -> jax.Array:
+        """The decoder layers over embedded targets; ``masks`` = (self, cross)."""
+        self_mask, cross_mask = masks
         if self.config.scan_layers:
-            x = self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
-        else:
-            for layer in self.decoder_layers:
-                x = layer(
-                    x,
-                    encoded,
-                    self_mask,
-                    cross_mask,
-                    train=train,
-                    decode=decode,
-                    max_decode_len=max_decode_len,
-                )
+            return self.decoder_stack(x, encoded, self_mask, cross_mask, train=train)
+        for layer in self.decoder_layers:
+            x = layer(
+                x,
+                encoded,
+                self_mask,
+                cross_mask,
+                train=train,
+                decode=decode,
+                max_decode_len=max_decode_len,
+            )
+        return x
+
+    @nn.nowrap
+    def _output_logits(self, x: jax.Array) -> jax.Array:
+        """Decoder states → float32 logits through the shared embedding (§3.4)."""
         if self.config.norm_position == "pre":
             x = self.decoder_norm(x)
         logits = self.embed.attend(x).astype(jnp.float32)

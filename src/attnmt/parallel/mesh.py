@@ -9,8 +9,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from attnmt.config.parallel import ParallelConfig
 from attnmt.errors import ConfigError
-from attnmt.parallel.config import ParallelConfig
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)

@@ -16,8 +16,7 @@ import flax.linen as nn
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from attnmt import axes
-from attnmt.batch_keys import TOKEN_KEYS
+from attnmt.common import TOKEN_KEYS, axes
 from attnmt.parallel.mesh import BATCH_AXES, FSDP, TENSOR
 
 LOGICAL_RULES: tuple[tuple[str, Any], ...] = (

@@ -12,15 +12,15 @@ import os
 import jax
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.config.experiment import Experiment
 from attnmt.data.pipeline import BatchIterator
 from attnmt.decode.translate import Translator
-from attnmt.experiment import Experiment
+from attnmt.metrics import MetricsSink
 from attnmt.parallel.mesh import make_mesh
 from attnmt.storage import Path, as_path
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs, prepare_inputs, with_recorded_data_dir
 from attnmt.train.loop import Trainer, TrainResult
-from attnmt.train.metrics import MetricsSink
 from attnmt.train.preflight import memory_preflight
 from attnmt.train.program import TrainProgram, build_program
 from attnmt.train.validation import Validation

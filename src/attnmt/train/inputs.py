@@ -13,14 +13,14 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from attnmt.config.experiment import Experiment
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
 from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
 from attnmt.data.sources import multi30k_recorded_dir
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import ConfigError, DataError
-from attnmt.experiment import Experiment
-from attnmt.parallel.budget import BatchPlan, plan_batches
+from attnmt.parallel.batch_plan import BatchPlan, plan_batches
 from attnmt.parallel.mesh import DATA, FSDP
 from attnmt.storage import Path
 

@@ -11,14 +11,14 @@ import jax
 import numpy as np
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.config.model import ModelConfig
 from attnmt.data.pipeline import padding_fraction, split_batch
-from attnmt.model.config import ModelConfig
+from attnmt.metrics import MetricsSink, progress_bar
 from attnmt.model.flops import example_lengths, train_flops
 from attnmt.parallel.agreement import sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs
-from attnmt.train.metrics import MetricsSink, progress_bar
 from attnmt.train.profiling import Profiler
 from attnmt.train.program import TrainProgram
 from attnmt.train.stopping import SIGTERM_REASON, Decision, StepDecisions, StopSignal

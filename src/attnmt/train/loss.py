@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnmt.special_tokens import PAD_ID
+from attnmt.common import PAD_ID
 
 
 def token_losses(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from attnmt.train.config import OptimConfig
+from attnmt.config.train import OptimConfig
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:

@@ -20,9 +20,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attnmt.batch_keys import TOKEN_KEYS, batch_keys
+from attnmt.common import TOKEN_KEYS, batch_keys
+from attnmt.config.experiment import Experiment
 from attnmt.errors import ConfigError
-from attnmt.experiment import Experiment
 from attnmt.parallel.sharding import RuledJit
 from attnmt.train.program import TrainProgram
 

@@ -2,24 +2,26 @@
 
 From an Experiment and a Mesh: the model, optimizer and schedule, the abstract train state
 with its shardings, a new state created straight into them, and the jitted steps (fused
-train step, gradient / apply / add for accumulation, eval). The trainer, the benchmarks and
-the tests take their program from here instead of wiring those parts themselves.
+train step, gradient / apply / add for accumulation, eval), and the same steps unjitted
+(`TrainProgram.plain`, for the benchmarks' own ahead-of-time compiles). The trainer, the
+benchmarks and the tests take their program from here instead of wiring those parts
+themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from attnmt.batch_keys import batch_keys
-from attnmt.compile_options import compiler_options
-from attnmt.experiment import Experiment
+from attnmt.common import batch_keys
+from attnmt.config.experiment import Experiment
+from attnmt.config.xla import compiler_options
 from attnmt.model.transformer import Transformer
 from attnmt.parallel.sharding import (
     RuledJit,
@@ -41,6 +43,19 @@ def example_batch(rows: int = 1, length: int = 8) -> Batch:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlainSteps:
+    """The step functions a TrainProgram jits, bound to its model, optimizer and schedule
+    but not jitted: for callers that jit and compile them their own way (the benchmarks
+    compile per shape ahead of time, on one device, without shardings)."""
+
+    train_step: Any  # (state, batch) -> (state, metrics)
+    grad_step: Any  # (params, batch, rng) -> (gradient sums, loss sums)
+    apply_step: Any  # (state, gradient sums, loss sums) -> (state, metrics)
+    eval_step: Any  # (params, batch) -> loss sums
+    create_state: Any  # (rng, example batch) -> a new TrainState, unboxed
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainProgram:
     """Everything a training loop runs, for one experiment on one mesh."""
 
@@ -55,6 +70,7 @@ class TrainProgram:
     apply_step: RuledJit  # (state, gradient sums, loss sums) -> (state, metrics)
     add: Any  # (a, b) -> a + b over trees: sums micro-batches
     eval_step: RuledJit  # (params, batch) -> loss sums
+    plain: PlainSteps  # the same steps unjitted
 
     @property
     def state_shardings(self) -> Any:
@@ -63,8 +79,11 @@ class TrainProgram:
     def init_state(self) -> steps.TrainState:
         """A new state from `train.seed`, created in its shardings (nothing on one device
         first); its values do not depend on the mesh."""
-        create = functools.partial(steps.create_train_state, self.model, self.optimizer)
-        init = jax.jit(create, out_shardings=self.state_shardings, compiler_options=self._options())
+        init = jax.jit(
+            self.plain.create_state,
+            out_shardings=self.state_shardings,
+            compiler_options=self._options(),
+        )
         return init(jax.random.PRNGKey(self.experiment.train.seed), example_batch())
 
     def _options(self) -> dict[str, Any]:
@@ -87,64 +106,94 @@ def _abstract(
     return abstract_with_shardings(jax.eval_shape(create, rng, example_batch()), mesh)
 
 
+def _plain_steps(
+    experiment: Experiment,
+    model: Transformer,
+    optimizer: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+) -> PlainSteps:
+    """The experiment's steps bound to `model`, `optimizer` and `learning_rate`, with its
+    label smoothing and dropout RNG, unjitted."""
+    smoothing, rng_impl = experiment.train.label_smoothing, experiment.train.dropout_rng
+    return PlainSteps(
+        train_step=functools.partial(
+            steps.train_step, model, optimizer, learning_rate, smoothing, rng_impl=rng_impl
+        ),
+        grad_step=functools.partial(
+            steps.compute_gradients, model, label_smoothing=smoothing, rng_impl=rng_impl
+        ),
+        apply_step=functools.partial(
+            steps.apply_gradients, optimizer, learning_rate_fn=learning_rate
+        ),
+        eval_step=functools.partial(steps.eval_step, model, smoothing),
+        create_state=functools.partial(steps.create_train_state, model, optimizer),
+    )
+
+
+class _JittedSteps(NamedTuple):
+    train_step: RuledJit
+    grad_step: RuledJit
+    apply_step: RuledJit
+    add: Any
+    eval_step: RuledJit
+
+
+def _jit_steps(
+    plain: PlainSteps, abstract: steps.TrainState, mesh: Mesh, packed: bool, options: dict[str, Any]
+) -> _JittedSteps:
+    """`plain` jitted with the shardings `abstract` carries for the state, batches split
+    over data × fsdp and metrics replicated."""
+    state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
+    batch_sh = batch_shardings(mesh, batch_keys(packed))
+    params_sh, scalar = state_sh.params, replicated(mesh)
+    ruled = functools.partial(jit_with_rules, mesh=mesh, compiler_options=options)
+    return _JittedSteps(
+        train_step=ruled(
+            plain.train_step,
+            in_shardings=(state_sh, batch_sh),
+            out_shardings=(state_sh, scalar),
+            donate_argnums=(0,),
+        ),
+        grad_step=ruled(
+            plain.grad_step,
+            in_shardings=(params_sh, batch_sh, scalar),
+            out_shardings=(params_sh, scalar),
+        ),
+        apply_step=ruled(
+            plain.apply_step,
+            in_shardings=(state_sh, params_sh, scalar),
+            out_shardings=(state_sh, scalar),
+            donate_argnums=(0,),
+        ),
+        add=jax.jit(
+            lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b),
+            compiler_options=options,
+        ),
+        eval_step=ruled(plain.eval_step, in_shardings=(params_sh, batch_sh), out_shardings=scalar),
+    )
+
+
 def build_program(experiment: Experiment, mesh: Mesh) -> TrainProgram:
     """The experiment's training program on `mesh`: steps jitted with explicit shardings
     (the state's from the logical rules, batches split over data × fsdp, metrics
     replicated), so a parallelism change is a mesh change."""
     model = Transformer(experiment.model)
     optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    optim = experiment.optim
+    optim, train = experiment.optim, experiment.train
     learning_rate = paper_schedule(
         experiment.model.d_model, optim.warmup_steps, optim.learning_rate_scale
     )
-    train = experiment.train
-    smoothing, rng_impl = train.label_smoothing, train.dropout_rng
-    options = compiler_options(train.xla_backend_optimization_level)
     abstract = _abstract(model, optimizer, train.seed, mesh)
-    state_sh = jax.tree_util.tree_map(lambda x: x.sharding, abstract)
-    batch_sh = batch_shardings(mesh, batch_keys(experiment.data.packed))
-    params_sh, scalar = state_sh.params, replicated(mesh)
-    ruled = functools.partial(jit_with_rules, mesh=mesh, compiler_options=options)
-
-    train_step = ruled(
-        functools.partial(
-            steps.train_step, model, optimizer, learning_rate, smoothing, rng_impl=rng_impl
-        ),
-        in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, scalar),
-        donate_argnums=(0,),
-    )
-    grad_step = ruled(
-        functools.partial(
-            steps.compute_gradients, model, label_smoothing=smoothing, rng_impl=rng_impl
-        ),
-        in_shardings=(params_sh, batch_sh, scalar),
-        out_shardings=(params_sh, scalar),
-    )
-    apply_step = ruled(
-        functools.partial(steps.apply_gradients, optimizer, learning_rate_fn=learning_rate),
-        in_shardings=(state_sh, params_sh, scalar),
-        out_shardings=(state_sh, scalar),
-        donate_argnums=(0,),
-    )
-    add = jax.jit(
-        lambda a, b: jax.tree_util.tree_map(lambda x, y: x + y, a, b), compiler_options=options
-    )
-    eval_step = ruled(
-        functools.partial(steps.eval_step, model, smoothing),
-        in_shardings=(params_sh, batch_sh),
-        out_shardings=scalar,
-    )
+    plain = _plain_steps(experiment, model, optimizer, learning_rate)
+    options = compiler_options(train.xla_backend_optimization_level)
+    jitted = _jit_steps(plain, abstract, mesh, experiment.data.packed, options)
     return TrainProgram(
-        experiment,
-        mesh,
-        model,
-        optimizer,
-        learning_rate,
-        abstract,
-        train_step,
-        grad_step,
-        apply_step,
-        add,
-        eval_step,
+        experiment=experiment,
+        mesh=mesh,
+        model=model,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        abstract_state=abstract,
+        plain=plain,
+        **jitted._asdict(),
     )

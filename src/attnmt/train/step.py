@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from attnmt.batch_keys import packing_arguments
+from attnmt.common import packing_arguments
 from attnmt.model.transformer import Transformer
 from attnmt.train.loss import loss_sums
 

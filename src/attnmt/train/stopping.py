@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from attnmt.config.train import TrainConfig
 from attnmt.parallel.agreement import any_process
-from attnmt.train.config import TrainConfig
 
 SIGTERM_REASON = "SIGTERM received"
 

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 from flax.core import unfreeze
 
-from attnmt.attention.view import KINDS, module_name
+from attnmt.config.model import ModelConfig
 from attnmt.decode.translate import Translator
+from attnmt.inspection.view import KINDS, module_name
 from attnmt.model import layout
-from attnmt.model.config import ModelConfig
 
 Scorer = Callable[[list[str], list[str]], float]
 

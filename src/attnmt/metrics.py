@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from tensorboardX import SummaryWriter
 
-from attnmt.storage import as_path, is_remote, upload_tree
+from attnmt.storage import Path, is_remote, upload_tree
 
 log = logging.getLogger("attnmt.train")
 
@@ -33,10 +33,10 @@ log = logging.getLogger("attnmt.train")
 class MetricsSink:
     """Writes scalars to `<workdir>/tensorboard/<split>` and a one-line summary to the log."""
 
-    def __init__(self, workdir: str | os.PathLike, enabled: bool = True) -> None:
+    def __init__(self, workdir: Path, enabled: bool = True) -> None:
         self.enabled = enabled
         self._writers: dict[str, SummaryWriter] = {}
-        self._root = as_path(workdir, "--workdir") / "tensorboard"
+        self._root = workdir / "tensorboard"
         self._stage = None
         if enabled and is_remote(self._root):
             self._stage = tempfile.mkdtemp(prefix="attnmt-tensorboard-")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnmt.attention.stats import STATISTICS, HeadStatistics
-from attnmt.attention.view import KINDS, AttentionView, check_kind
+from attnmt.inspection.stats import STATISTICS, HeadStatistics
+from attnmt.inspection.view import KINDS, AttentionView, check_kind
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

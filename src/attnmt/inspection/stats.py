@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnmt.attention.view import KINDS, AttentionView
+from attnmt.inspection.view import KINDS, AttentionView
 
 STATISTICS = ("entropy", "distance", "previous", "same", "next", "special")
 

@@ -17,11 +17,12 @@ import json
 import re
 import struct
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from etils import epath
 
+from attnmt.config.overrides import only_section
 from attnmt.errors import UserError
 from attnmt.storage import as_path, is_remote
 
@@ -171,7 +172,7 @@ class _ParamCounter:
 
     @staticmethod
     def _count(config: dict[str, Any], name: str) -> int | None:
-        from attnmt.experiment import Experiment
+        from attnmt.config.experiment import Experiment
         from attnmt.model.param_count import count_parameters
 
         try:
@@ -302,31 +303,18 @@ def write_csv(summaries: Sequence[RunSummary], path: str) -> None:
         writer.writerows(rows)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `attnmt report`, for a parser the CLI owns."""
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("report", help="a Table-3-like table of runs under a folder")
     parser.add_argument("root", help="a folder of runs (any depth), or one run's workdir")
     parser.add_argument("--csv", default=None, help="also write the rows to this CSV file")
+    parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Prints the table (and writes the CSV) for parsed `add_arguments` flags."""
+def run(args: argparse.Namespace, overrides: Mapping[str, str]) -> int:
+    """Prints the table (and writes the CSV)."""
+    only_section("report", overrides, None)
     summaries = gather(args.root)
     print(markdown_table(summaries))
     if args.csv:
         write_csv(summaries, args.csv)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="attnmt report", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return run(args)
-    except UserError as error:
-        print(f"attnmt report: error: {error}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from attnmt.config.typed import check_types
 from attnmt.errors import ConfigError
 
 
@@ -21,6 +22,7 @@ class ParallelConfig:
     num_devices: int = 0  # use only the first N devices of the job; 0 = all of them
 
     def __post_init__(self) -> None:
+        check_types(self, "parallel")
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
             if size == 0 or size < -1:

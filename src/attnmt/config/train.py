@@ -6,10 +6,10 @@ importing the training code."""
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Literal
 
-from attnmt.compile_options import check_level
+from attnmt.config.typed import check_types
+from attnmt.config.xla import OptimizationLevel
 from attnmt.errors import ConfigError
 
 
@@ -37,7 +37,7 @@ class TrainConfig:
     memory_preflight: bool = True  # refuse, before training, a step that cannot fit in memory
     # Dropout's random bits: "threefry" (identical on every mesh) or "rbg" (XLA's
     # RngBitGenerator: cheaper per bit, deterministic per key, may differ across meshes).
-    dropout_rng: str = "threefry"
+    dropout_rng: Literal["threefry", "rbg"] = "threefry"
     # MFU in the logs = model TFLOP/s (attnmt.model.flops) ÷ (this × the devices of the
     # run's mesh). Use the accelerator's dense peak for the compute dtype, or
     # bench/matmul_ceiling.py on a CPU; 0 = log model TFLOP/s only.
@@ -47,9 +47,10 @@ class TrainConfig:
     # XLA backend (LLVM) optimisation level of the train/eval steps, 0-3; -1 = XLA's own.
     # With model.scan_layers, 1 cut the base step's compile on a 2-core CPU from 11.4 s to
     # 5.1 s at +6 % step time (BENCHMARKS.md): for short and debugging runs.
-    xla_backend_optimization_level: int = -1
+    xla_backend_optimization_level: OptimizationLevel = -1
 
     def __post_init__(self) -> None:
+        check_types(self, "train")
         positive = (
             "num_steps",
             "grad_accum_steps",
@@ -76,11 +77,6 @@ class TrainConfig:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
             )
-        check_level("train", self.xla_backend_optimization_level)
-        if self.dropout_rng not in ("threefry", "rbg"):
-            raise ConfigError(
-                f"train.dropout_rng must be 'threefry' or 'rbg', got {self.dropout_rng!r}"
-            )
         if self.checkpoint_every_steps == 0 and self.checkpoint_every_minutes == 0:
             raise ConfigError(
                 "set train.checkpoint_every_steps or train.checkpoint_every_minutes: a run "
@@ -89,7 +85,6 @@ class TrainConfig:
 
 
 Algorithm = Literal["adam", "sgd"]
-ALGORITHMS = typing.get_args(Algorithm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +98,7 @@ class OptimConfig:
     max_grad_norm: float = 0.0  # 0 = no clipping, as in the paper
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(
-                f"optim.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
-            )
+        check_types(self, "optim")
         if self.warmup_steps <= 0:
             raise ConfigError(f"optim.warmup_steps must be positive, got {self.warmup_steps}")
         if self.learning_rate_scale <= 0:

@@ -1,4 +1,4 @@
-"""Typed, validated model configuration (PAPER.md "Architecture")."""
+"""Typed, validated model configuration (the paper's §3, "Model Architecture")."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from attnmt.config_types import from_mapping
+from attnmt.common import BOS_ID, NUM_SPECIAL_TOKENS
+from attnmt.config.typed import check_types, from_mapping
 from attnmt.errors import ConfigError
-from attnmt.special_tokens import BOS_ID, NUM_SPECIAL_TOKENS
 
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]
@@ -64,6 +64,7 @@ class ModelConfig:
     zero_pad_embedding: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self, "model")
         for name in (
             "vocab_size",
             "d_model",
@@ -75,28 +76,18 @@ class ModelConfig:
             "max_length",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")
         if self.vocab_size <= NUM_SPECIAL_TOKENS:
             raise ConfigError(
                 f"model.vocab_size={self.vocab_size} leaves no room beyond the "
                 f"{NUM_SPECIAL_TOKENS} special tokens (pad, eos, bos, unk)"
             )
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ConfigError(
-                f"model.positional must be 'sinusoidal' or 'learned', got {self.positional!r}"
-            )
-        if self.norm_position not in ("post", "pre"):
-            raise ConfigError(
-                f"model.norm_position must be 'post' or 'pre', got {self.norm_position!r}"
-            )
         self._check_interop_options()
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if not self.share_embeddings:
             raise ConfigError(
                 "model.share_embeddings=False is not supported: the paper ties source, target "
@@ -104,22 +95,12 @@ class ModelConfig:
             )
 
     def _check_interop_options(self) -> None:
-        choices = (
-            ("positional_layout", ("interleaved", "halves")),
-            ("activation", ("relu", "swish", "gelu")),
-        )
-        for name, allowed in choices:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
-        if not isinstance(self.layer_norm_epsilon, (int, float)) or self.layer_norm_epsilon <= 0:
+        if self.layer_norm_epsilon <= 0:
             raise ConfigError(
                 f"model.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon!r}"
             )
         start = self.decoder_start_id
-        is_int = isinstance(start, int) and not isinstance(start, bool)
-        if not is_int or not 0 <= start < self.vocab_size:
+        if not 0 <= start < self.vocab_size:
             raise ConfigError(
                 f"model.decoder_start_id must be an id below model.vocab_size, got {start!r}"
             )

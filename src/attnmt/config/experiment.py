@@ -1,4 +1,7 @@
-"""One typed bundle of every section of a config, validated before anything compiles."""
+"""One typed bundle of every section of a config, validated before anything compiles.
+
+Each section checks its own keys (attnmt/config/typed.py, then its __post_init__); the rules
+that span two sections live here."""
 
 from __future__ import annotations
 
@@ -7,13 +10,13 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from attnmt.config_types import from_mapping
-from attnmt.data.config import DataConfig
-from attnmt.decode.config import DecodeConfig
+from attnmt.config.data import DataConfig
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.model import ModelConfig
+from attnmt.config.parallel import ParallelConfig
+from attnmt.config.train import OptimConfig, TrainConfig
+from attnmt.config.typed import from_mapping
 from attnmt.errors import ConfigError
-from attnmt.model.config import ModelConfig
-from attnmt.parallel.config import ParallelConfig
-from attnmt.train.config import OptimConfig, TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +38,9 @@ class Experiment:
             raise ConfigError(
                 f"unknown config section(s) {', '.join(unknown)}; known: {', '.join(sections)}"
             )
-        types = section_types()
-        parts = {name: from_mapping(types[name], config.get(name, {}), name) for name in types}
+        parts = {
+            name: from_mapping(cls, config.get(name, {}), name) for name, cls in sections.items()
+        }
         experiment = cls(**parts)
         experiment._check_consistency()
         return experiment

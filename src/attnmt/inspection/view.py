@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from attnmt.common import EOS_ID
+from attnmt.config.model import ModelConfig
 from attnmt.data.tokenizer import Tokenizer
-from attnmt.model.config import ModelConfig
-from attnmt.model.inspect import attention_maps
+from attnmt.inspection.capture import attention_maps
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID
 
 KINDS = ("encoder", "decoder", "cross")
 _MODULES = {"encoder": "self_attention", "decoder": "self_attention", "cross": "cross_attention"}

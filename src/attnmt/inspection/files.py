@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnmt.attention.figures import (
+from attnmt.inspection.figures import (
     KEY_SIDE,
     QUERY_SIDE,
     TITLES,
@@ -26,8 +26,8 @@ from attnmt.attention.figures import (
     statistics_figure,
     title,
 )
-from attnmt.attention.stats import HeadStatistics
-from attnmt.attention.view import KINDS, AttentionView, check_kind
+from attnmt.inspection.stats import HeadStatistics
+from attnmt.inspection.view import KINDS, AttentionView, check_kind
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

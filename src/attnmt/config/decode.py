@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnmt.compile_options import check_level
+from attnmt.config.typed import check_types
+from attnmt.config.xla import OptimizationLevel
 from attnmt.errors import ConfigError
 
 
@@ -20,7 +21,7 @@ class DecodeConfig:
     initial_cache_length: int = 16
     # XLA backend (LLVM) optimisation level of the search, 0-3; -1 = XLA's own. Lower
     # levels shorten the compile of every bucket shape.
-    xla_backend_optimization_level: int = -1
+    xla_backend_optimization_level: OptimizationLevel = -1
     # Sampling instead of search: each output token drawn from softmax(logits / temperature),
     # restricted to the top_k most likely (0 = all). Line i of an input is drawn from
     # fold_in(PRNGKey(seed), i), so a seed gives the same samples whatever the batching.
@@ -33,10 +34,10 @@ class DecodeConfig:
     tree_grammar: bool = True
 
     def __post_init__(self) -> None:
+        check_types(self, "decode")
         for name in ("beam_size", "batch_sentences"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"decode.{name} must be positive, got {getattr(self, name)}")
-        check_level("decode", self.xla_backend_optimization_level)
         if self.initial_cache_length < 0:
             raise ConfigError(
                 f"decode.initial_cache_length must be ≥ 0, got {self.initial_cache_length}"

@@ -7,19 +7,10 @@ convolutions still run in the same libraries.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from attnmt.errors import ConfigError
-
-DEFAULT_LEVEL = -1  # leave XLA's own default
-
-
-def check_level(section: str, level: int) -> None:
-    if isinstance(level, bool) or not isinstance(level, int) or not -1 <= level <= 3:
-        raise ConfigError(
-            f"{section}.xla_backend_optimization_level must be an integer in 0…3, or -1 "
-            f"for XLA's default, got {level!r}"
-        )
+OptimizationLevel = Literal[-1, 0, 1, 2, 3]  # -1 leaves XLA's own default
+DEFAULT_LEVEL = -1
 
 
 def compiler_options(level: int) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from attnmt.config.typed import check_types
 from attnmt.errors import ConfigError
 from attnmt.storage import local_only
 
@@ -63,6 +64,7 @@ class DataConfig:
             )
 
     def __post_init__(self) -> None:
+        check_types(self, "data")
         for name in (
             "vocab_max_sentences",
             "max_length",
@@ -72,14 +74,6 @@ class DataConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive, got {getattr(self, name)}")
-        if self.vocab_kind not in ("sentencepiece", "pair"):
-            raise ConfigError(
-                f"data.vocab_kind must be 'sentencepiece' or 'pair', got {self.vocab_kind!r}"
-            )
-        if self.treebank_leaves not in ("pos", "words"):
-            raise ConfigError(
-                f"data.treebank_leaves must be 'pos' or 'words', got {self.treebank_leaves!r}"
-            )
         if self.eval_tokens_per_batch < 0:
             raise ConfigError("data.eval_tokens_per_batch must be ≥ 0")
         if self.packed and self.pack_length < self.max_length:

@@ -1,0 +1,127 @@
+"""What several `attnmt` commands share: argument types, the `--config` flag, the flags of
+commands that decode a trained run, and turning those flags into runs and a decode section.
+
+Imports nothing of training: the decoding commands load only what inference needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from attnmt.config import Experiment, load_experiment
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.overrides import apply_overrides, only_section
+from attnmt.config.typed import from_mapping
+from attnmt.errors import ConfigError
+from attnmt.storage import as_path, local_only
+
+Overrides = Mapping[str, str]  # dotted key → its command-line text
+
+
+def storage_path(value: str) -> str:
+    """argparse type: a local path or a bucket URL (`gs://b/run`, any etils.epath URL).
+
+    Checked before anything is written: an unknown scheme, a missing filesystem package or
+    a URL that lost a slash is refused, never turned into a local folder named `gs:`.
+    """
+    try:
+        as_path(value, "path")
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("path ")) from None
+    return value
+
+
+def local_path(what: str):
+    """argparse type: a local path only, `what` naming it in the refusal (Hugging Face's
+    and CTranslate2's own code read and write plain files; copy to a bucket separately)."""
+
+    def check(value: str) -> str:
+        try:
+            return local_only(value, what)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return check
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="config file, optionally with an argument: configs/wmt14_ende.py:variant=big",
+    )
+
+
+def experiment(args: argparse.Namespace, overrides: Overrides) -> Experiment:
+    """The command's `--config` file with its `--config.*` overrides, checked."""
+    return load_experiment(args.config, overrides)
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of every command that decodes a trained run."""
+    parser.add_argument(
+        "--workdir", required=True, type=storage_path, help="a training (or averaged) workdir"
+    )
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
+    parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
+    parser.add_argument(
+        "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
+    )
+    parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
+    parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
+    parser.add_argument("--max-len-offset", type=int, default=None)
+    parser.add_argument("--batch-sentences", type=int, default=None)
+    parser.add_argument(
+        "--xla-opt-level",
+        type=int,
+        default=None,
+        help="XLA backend optimisation level 0-3 of the search (lower compiles faster)",
+    )
+
+
+_DECODE_FLAGS = (  # decode key ← argparse destination
+    ("beam_size", "beam"),
+    ("alpha", "alpha"),
+    ("max_len_offset", "max_len_offset"),
+    ("batch_sentences", "batch_sentences"),
+    ("xla_backend_optimization_level", "xla_opt_level"),
+    ("sample", "sample"),
+    ("temperature", "temperature"),
+    ("top_k", "top_k"),
+    ("seed", "seed"),
+)
+
+
+def decode_config(run: Any, args: argparse.Namespace, overrides: Overrides) -> DecodeConfig:
+    """The run's decode section, then `--config.decode.*` overrides, then the flags (the
+    last steps of the order in attnmt/config/__init__.py)."""
+    only_section(args.command, overrides, "decode")
+    config = ml_collections.ConfigDict({"decode": dataclasses.asdict(run.experiment.decode)})
+    apply_overrides(config, overrides)
+    values = config.decode.to_dict()
+    for key, flag in _DECODE_FLAGS:
+        if getattr(args, flag, None) is not None:
+            values[key] = getattr(args, flag)
+    return from_mapping(DecodeConfig, values, "decode")
+
+
+def load_runs(args: argparse.Namespace) -> list:
+    """The run of `--workdir` (averaged first with `--average-last`), then `--ensemble`'s."""
+    from attnmt.workdir import load_run
+
+    workdir = args.workdir
+    if getattr(args, "average_last", 0):
+        from attnmt.checkpoint.average import average_checkpoints
+
+        result = average_checkpoints(args.workdir, args.average_last, overwrite=True)
+        print(f"averaged steps {list(result.steps)} into {result.output_dir}", file=sys.stderr)
+        workdir = result.output_dir
+    runs = [load_run(workdir, args.step)]
+    runs += [load_run(other) for other in args.ensemble]
+    return runs

@@ -1,0 +1,128 @@
+"""`attnmt translate`, `attnmt evaluate` and `attnmt average`: using a trained run."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+
+from attnmt.cli import parse
+from attnmt.cli.arguments import (
+    Overrides,
+    add_decode_arguments,
+    decode_config,
+    load_runs,
+    storage_path,
+)
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.overrides import only_section
+from attnmt.errors import DataError
+from attnmt.storage import as_path
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    translate = commands.add_parser("translate", help="translate lines from stdin or --input")
+    add_decode_arguments(translate)
+    translate.add_argument("--input", default=None, help="default: stdin")
+    translate.add_argument("--output", default=None, help="default: stdout")
+    translate.add_argument(
+        "--sample",
+        action="store_const",
+        const=True,
+        default=None,
+        help="sample each translation instead of searching (decode.sample)",
+    )
+    translate.add_argument("--temperature", type=float, default=None, help="for --sample")
+    translate.add_argument("--top-k", type=int, default=None, help="for --sample; 0 = all")
+    translate.add_argument("--seed", type=int, default=None, help="for --sample")
+    translate.set_defaults(handler=run_translate)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
+    add_decode_arguments(evaluate)
+    evaluate.add_argument("--split", default=None, help="default: the config's test split")
+    evaluate.set_defaults(handler=run_evaluate)
+
+    average = commands.add_parser("average", help="average the last K checkpoints (§6.1)")
+    average.add_argument("--workdir", required=True, type=storage_path)
+    average.add_argument("--last", type=int, default=5, help="paper: 5 (base), 20 (big)")
+    average.add_argument(
+        "--output", type=storage_path, default=None, help="default <workdir>/average-last<K>"
+    )
+    average.add_argument("--overwrite", action="store_true")
+    average.set_defaults(handler=run_average)
+
+
+def run_translate(args: argparse.Namespace, overrides: Overrides) -> int:
+    from attnmt.decode.translate import Translator
+
+    runs = load_runs(args)
+    translator = Translator.from_runs(runs, decode_config(runs[0], args, overrides))
+    try:
+        _translate_files(translator, args)
+    except OSError as error:  # a missing input, an unwritable output
+        raise DataError(f"{error.filename}: {error.strerror}") from None
+    return 0
+
+
+def _translate_files(translator, args: argparse.Namespace) -> None:
+    with contextlib.ExitStack() as files:
+        # Undecodable bytes become U+FFFD instead of stopping the stream mid-file, and only
+        # "\n" ends a line (as in training data): universal newlines would split a line at
+        # a lone "\r" and shift every later translation by one.
+        # Files are opened as bytes through etils (local or in a bucket; its text mode takes
+        # no errors= or newline=) and decoded here.
+        raw_in = (
+            files.enter_context(as_path(args.input, "--input").open("rb")) if args.input else None
+        )
+        source = files.enter_context(
+            io.TextIOWrapper(
+                raw_in or sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"
+            )
+        )
+        raw_out = (
+            files.enter_context(as_path(args.output, "--output").open("wb"))
+            if args.output
+            else None
+        )
+        target = files.enter_context(
+            io.TextIOWrapper(raw_out or sys.stdout.buffer, encoding="utf-8", write_through=True)
+        )
+        translator.translate_stream(source, target)
+
+
+def run_evaluate(args: argparse.Namespace, overrides: Overrides) -> int:
+    runs = load_runs(args)
+    split = args.split or runs[0].experiment.data.test_split
+    if split == "test":
+        split = runs[0].experiment.data.test_split
+    if runs[0].experiment.data.source == "treebank":
+        return parse.evaluate_parsing(args, overrides, split)
+    # Averaged and ensembled decodes get their own file and TensorBoard series, so they do
+    # not overwrite the plain checkpoint's results of the same step.
+    tag = f"-avg{args.average_last}" if args.average_last else ""
+    tag += "-ensemble" if args.ensemble else ""
+    score_and_log(runs, split, decode_config(runs[0], args, overrides), args.workdir, tag)
+    return 0
+
+
+def score_and_log(runs: list, split: str, decode: DecodeConfig, workdir: str, tag: str) -> None:
+    """Decodes and scores `split`, prints the scores, logs them to TensorBoard."""
+    from attnmt.decode.evaluation import evaluate_split
+    from attnmt.metrics import MetricsSink
+
+    path = as_path(workdir, "--workdir")
+    scores = evaluate_split(runs, split, decode, path / "decodes", tag)
+    print(scores.format(), flush=True)
+    sink = MetricsSink(path)
+    sink.write(f"bleu_{split}{tag.replace('-', '_')}", runs[0].step, scores.scalars())
+    sink.close()
+
+
+def run_average(args: argparse.Namespace, overrides: Overrides) -> int:
+    from attnmt.checkpoint.average import average_checkpoints
+
+    only_section("average", overrides, None)
+    result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
+    print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
+    return 0
