@@ -41,12 +41,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
-REPO = Path(__file__).resolve().parents[1]
+# Only now, with the environment above set: tests.helpers imports jax.
+from tests.helpers import shared_data_dir  # noqa: E402
+
 pytest_plugins = ["tests.strict_mode"]  # ATTNMT_TESTS_STRICT=1: skips and xfails fail
-
-
-def shared_data_dir() -> Path:
-    return Path(os.environ.get("ATTNMT_DATA_DIR", REPO.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +73,7 @@ LONGEST_FIRST: list[str] = [
     "tests/train/test_resilience.py",
     "tests/parallel/test_multiprocess.py",
     "tests/parallel/test_agreement.py",
-    "tests/attention/test_ablation.py",
+    "tests/inspection/test_ablation.py",
     "tests/test_storage.py",
     "tests/interop/test_ctranslate2.py",
     "tests/parallel/test_resume_mesh.py",
@@ -84,7 +82,7 @@ LONGEST_FIRST: list[str] = [
     "tests/launch/test_sweep.py",
     "tests/interop/test_finetune.py",
     "tests/model/test_transformer.py",
-    "tests/attention/test_figures.py",
+    "tests/inspection/test_figures.py",
     "tests/test_notebooks.py",
     "tests/interop/test_export_native.py",
 ]

@@ -90,7 +90,7 @@ def assert_same_losses(reference: list[float], other: list[float], rtol: float =
 def initial_params(experiment: Any) -> Any:
     """The parameters a new run of `experiment` starts from (drawn from train.seed; the
     values do not depend on the mesh, see tests/parallel/test_sharding.py)."""
-    from attnmt.parallel.config import ParallelConfig
+    from attnmt.config.parallel import ParallelConfig
     from attnmt.parallel.mesh import make_mesh
     from attnmt.train.program import build_program
 

@@ -1,21 +1,15 @@
 """Config files, command-line overrides and validation errors that name the key."""
 
-from pathlib import Path
-
 import pytest
 
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+from attnmt.config import load_config_file, load_experiment
+from attnmt.config.variants import TABLE3
 from attnmt.errors import ConfigError
-from attnmt.experiment import Experiment
-from attnmt.variants import TABLE3
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from tests.helpers import CONFIGS
 
 
 def _experiment(spec, *overrides):
-    config = load_config_file(str(CONFIGS / spec))
-    apply_command_line_overrides(config, list(overrides))
-    return Experiment.from_mapping(config)
+    return load_experiment(str(CONFIGS / spec), list(overrides))
 
 
 @pytest.mark.parametrize(

@@ -36,10 +36,16 @@ import sacrebleu
 from attnmt import storage
 from attnmt.cli.main import main
 from attnmt.errors import ConfigError
-from tests.test_config import CONFIGS
+from tests.helpers import (
+    ABSTRACT,
+    assert_is_step,
+    data_at,
+    reversal_text,
+    state_at,
+    tiny_train_args,
+)
 
 BUCKET = "attnmt-test"
-LETTERS = list("abcdefgh")
 NUM_STEPS = 12
 EVERY = 4  # checkpoint cadence in steps
 KEEP = 3  # train.keep_checkpoints
@@ -195,32 +201,16 @@ def plant_without_marker(bucket: Bucket, checkpoints: str, source: int, step: in
     return planted
 
 
-def reversal_lines(count: int, seed: int) -> tuple[str, str]:
-    rng = random.Random(seed)
-    lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
-    src = "".join(" ".join(s) + "\n" for s in lines)
-    return src, "".join(" ".join(s[::-1]) + "\n" for s in lines)
-
-
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "attnmt.cli.main", *args]
 
 
 def train_args(workdir: str, corpus: str, *extra: str) -> list[str]:
-    return [
-        "train",
-        "--config",
-        str(CONFIGS / "tiny.py"),
-        "--workdir",
+    return tiny_train_args(
         workdir,
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
-        "--config.data.max_length=8",
-        "--config.data.tokens_per_batch=128",
-        "--config.model.vocab_size=32",
-        "--config.model.num_layers=1",
+        corpus,
+        NUM_STEPS,
         "--config.model.dropout_rate=0.1",  # resume must continue the dropout keys too
-        f"--config.train.num_steps={NUM_STEPS}",
         "--config.train.log_every_steps=1",
         f"--config.train.checkpoint_every_steps={EVERY}",
         f"--config.train.keep_checkpoints={KEEP}",
@@ -229,7 +219,7 @@ def train_args(workdir: str, corpus: str, *extra: str) -> list[str]:
         "--config.train.xla_backend_optimization_level=0",  # a shorter compile
         "--config.parallel.num_devices=1",
         *extra,
-    ]
+    )
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -279,7 +269,7 @@ def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     for split, count, seed in (("train", 1500, 0), ("dev", 32, 1), ("test", 32, 2)):
-        src, tgt = reversal_lines(count, seed)
+        src, tgt = reversal_text(random.Random(seed), count)
         bucket.upload(f"corpus/{split}.src", src.encode())
         bucket.upload(f"corpus/{split}.tgt", tgt.encode())
         (tmp_path / f"{split}.src").write_text(src)
@@ -373,13 +363,10 @@ def test_a_run_in_a_bucket_trains_resumes_averages_evaluates_and_reports(
     assert f"{checkpoints}{NUM_STEPS + 1}/state/_METADATA" in names
 
 
-def test_a_bucket_step_without_its_commit_marker_is_not_listed_restored_or_kept(
-    bucket, emulated
-):
+def test_a_bucket_step_without_its_commit_marker_is_not_listed_restored_or_kept(bucket, emulated):
     """Orbax's manager, as attnmt opens it on a gs:// workdir: a step whose objects are all
     there but its commit marker is invisible to listing, restore and keep-last-K."""
     from attnmt.checkpoint.manager import CheckpointManager
-    from tests.checkpoint.test_manager import ABSTRACT, assert_is_step, data_at, state_at
 
     workdir, checkpoints = f"gs://{BUCKET}/markers", "markers/checkpoints/"
 
@@ -419,7 +406,6 @@ def test_a_damaged_bucket_step_falls_back_whole_and_is_moved_aside(bucket, emula
     newest step's data position damaged, the previous step is restored, state and position
     together, and the damaged one's objects move to checkpoints-unreadable/, none deleted."""
     from attnmt.checkpoint.manager import CheckpointManager
-    from tests.checkpoint.test_manager import ABSTRACT, assert_is_step, data_at, state_at
 
     workdir, checkpoints = f"gs://{BUCKET}/damaged", "damaged/checkpoints/"
     writer = CheckpointManager(workdir)
@@ -446,7 +432,7 @@ def test_a_damaged_bucket_step_falls_back_whole_and_is_moved_aside(bucket, emula
 def test_report_counts_a_bucket_step_once_its_marker_is_written(bucket, emulated):
     """`attnmt report`'s steps column reads folder names; in a bucket a step folder appears
     with its first object, so only the marker says the step is there."""
-    from attnmt.report import newest_checkpoint_step
+    from attnmt.cli.report import newest_checkpoint_step
 
     bucket.upload(f"report-run/checkpoints/4/{MARKER}", b"")
     bucket.upload("report-run/checkpoints/4/state/_METADATA", b"{}")
@@ -485,7 +471,7 @@ class _Shouting:
 def test_translate_reads_and_writes_bucket_files_byte_exactly(bucket, emulated):
     from argparse import Namespace
 
-    from attnmt.cli.main import _translate_files
+    from attnmt.cli.translate import _translate_files
 
     # A lone "\r" stays inside its line and a bad byte becomes U+FFFD, as for local files.
     bucket.upload("io/in.txt", b"a b\rc\nd \xff e\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from attnmt.cli.main import main
-from tests.test_config import CONFIGS
+from tests.helpers import CONFIGS
 
 
 def refused(argv: list[str], capsys, cwd: Path) -> str:

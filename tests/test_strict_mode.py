@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytest_plugins = ["pytester"]
 
@@ -30,8 +30,8 @@ CASES = {
         """
     ),
     "skipif_mark": "import pytest\n@pytest.mark.skipif(True, reason='x')\ndef test_s(): pass\n",
-    "xfail_failing": 'import pytest\n@pytest.mark.xfail\ndef test_x():\n    assert False\n',
-    "xfail_passing": 'import pytest\n@pytest.mark.xfail\ndef test_x():\n    assert True\n',
+    "xfail_failing": "import pytest\n@pytest.mark.xfail\ndef test_x():\n    assert False\n",
+    "xfail_passing": "import pytest\n@pytest.mark.xfail\ndef test_x():\n    assert True\n",
     "xfail_call": 'import pytest\ndef test_x():\n    pytest.xfail("known bug")\n',
 }
 

@@ -10,12 +10,12 @@ import pytest
 
 from attnmt.checkpoint.average import average_checkpoints
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.config.train import OptimConfig
 from attnmt.errors import CheckpointError
-from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.train.config import OptimConfig
 from attnmt.train.optim import make_optimizer
 from attnmt.train.step import TrainState, create_train_state
+from tests.helpers import tiny_model
 
 EXAMPLE = {"src_tokens": np.zeros((2, 4), np.int32), "tgt_tokens": np.zeros((2, 4), np.int32)}
 FILES = ("config.json", "vocab.model", "vocab.vocab")
@@ -23,8 +23,8 @@ FILES = ("config.json", "vocab.model", "vocab.vocab")
 
 def _abstract(d_ff: int = 16) -> TrainState:
     """The real TrainState's shapes; eval_shape skips the (slow, op-by-op) initialisation."""
-    config = ModelConfig(
-        vocab_size=16, d_model=8, d_ff=d_ff, num_heads=2, d_k=4, d_v=4, num_layers=1
+    config = tiny_model(
+        vocab_size=16, d_model=8, d_ff=d_ff, d_k=4, d_v=4, num_layers=1, dropout_rate=0.1
     )
     optimizer = make_optimizer(OptimConfig(warmup_steps=10), d_model=8)
     create = functools.partial(create_train_state, Transformer(config), optimizer)

@@ -21,30 +21,7 @@ import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager, UnreadableCheckpointError
 from attnmt.errors import CheckpointError
-
-
-def state_at(step: int) -> dict:
-    return {
-        "params": {"w": jnp.full((16, 8), step, jnp.float32), "b": jnp.arange(8) + step},
-        "step": jnp.asarray(step, jnp.int32),
-    }
-
-
-def data_at(step: int) -> dict:
-    return {"epoch": step // 3, "index": step % 3, "seed": 7}
-
-
-ABSTRACT = jax.eval_shape(lambda: state_at(0))
-
-
-def assert_is_step(restored: tuple, step: int) -> None:
-    got_step, state, data, config = restored
-    assert got_step == step
-    want_leaves = jax.tree_util.tree_leaves(state_at(step))
-    for got, want in zip(jax.tree_util.tree_leaves(state), want_leaves, strict=True):
-        assert np.array_equal(got, want)
-    assert data == data_at(step)
-    assert config == {"written_at": step}
+from tests.helpers import ABSTRACT, assert_is_step, data_at, state_at
 
 
 def save_steps(workdir: Path, steps: list[int]) -> None:

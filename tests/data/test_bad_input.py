@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
-from attnmt.experiment import Experiment
 from attnmt.train.assemble import build_trainer
-from tests.test_config import CONFIGS
+from tests.helpers import TINY_CONFIG, corpus_paths, tiny_experiment
 
 GOOD = ["a b c", "d e", "f g h a", "b c d e f"] * 10
 
@@ -30,8 +28,7 @@ def write(path: Path, lines: list[str] | bytes) -> Path:
 
 def overrides(corpus: Path, *extra: str) -> list[str]:
     return [
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+        *corpus_paths(corpus),
         "--config.data.max_length=16",
         "--config.model.vocab_size=32",
         "--config.train.eval_every_steps=0",
@@ -42,7 +39,7 @@ def overrides(corpus: Path, *extra: str) -> list[str]:
 
 def train_fails(tmp_path: Path, capsys, *extra: str) -> str:
     """Runs `attnmt train` in-process; returns stderr after checking code 2, no traceback."""
-    args = ["train", "--config", str(CONFIGS / "tiny.py"), "--workdir", str(tmp_path / "run")]
+    args = ["train", "--config", str(TINY_CONFIG), "--workdir", str(tmp_path / "run")]
     code = main([*args, *overrides(tmp_path, *extra)])
     err = capsys.readouterr().err
     assert code == 2, err
@@ -124,10 +121,9 @@ def test_long_and_empty_pairs_are_counted_skipped_and_logged(tmp_path, caplog):
     tgt = [*GOOD, *["c d"] * 7, *[""] * 3]  # the last three have an empty target
     write(tmp_path / "train.src", src)
     write(tmp_path / "train.tgt", tgt)
-    config = load_config_file(str(CONFIGS / "tiny.py"))
-    apply_command_line_overrides(config, overrides(tmp_path))
+    experiment = tiny_experiment(overrides(tmp_path))
     with caplog.at_level(logging.INFO, logger="attnmt.train"):
-        trainer = build_trainer(Experiment.from_mapping(config), tmp_path / "run")
+        trainer = build_trainer(experiment, tmp_path / "run")
     assert (
         "training pairs 'train': kept 40 of 50 pairs (7 longer than data.max_length=16 tokens, "
         "3 with an empty side)" in caplog.text
@@ -138,7 +134,7 @@ def test_long_and_empty_pairs_are_counted_skipped_and_logged(tmp_path, caplog):
 def test_the_real_command_prints_one_line_and_exits_2(tmp_path):
     write(tmp_path / "train.src", GOOD)
     command = [sys.executable, "-m", "attnmt.cli.main", "train", "--config"]
-    command += [str(CONFIGS / "tiny.py"), "--workdir", str(tmp_path / "run")]
+    command += [str(TINY_CONFIG), "--workdir", str(tmp_path / "run")]
     done = subprocess.run(
         command + overrides(tmp_path),
         capture_output=True,

@@ -8,12 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
+from attnmt.common import PAD_ID
 from attnmt.data.packing import PackedBatch, pack_epoch, pack_examples
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
 from attnmt.data.tokenizer import Tokenizer
-from attnmt.special_tokens import PAD_ID
-
-from .conftest import make_pairs
+from tests.helpers import make_pairs
 
 LENGTH = 24
 ROWS = 4

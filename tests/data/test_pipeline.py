@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnmt.common import EOS_ID, PAD_ID
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import (
     BatchIterator,
@@ -20,9 +21,7 @@ from attnmt.data.pipeline import (
 )
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
-from attnmt.special_tokens import EOS_ID, PAD_ID
-
-from .conftest import make_pairs
+from tests.helpers import interleave, make_pairs, shared_data_dir
 
 MAX_LENGTH = 24
 SHAPES = bucket_shapes(MAX_LENGTH, tokens_per_batch=128, batch_multiple=4)
@@ -223,9 +222,7 @@ def test_real_multi30k_end_to_end(tmp_path: Path) -> None:
     from attnmt.data.sources import multi30k_pairs
     from attnmt.data.tokenizer import train_vocab
 
-    from .conftest import interleave, repo_data_root
-
-    directory = repo_data_root() / "multi30k"
+    directory = shared_data_dir() / "multi30k"
     if not (directory / "val.de").is_file():
         pytest.skip(f"real Multi30K not found in {directory} (set ATTNMT_DATA_DIR)")
     pairs = multi30k_pairs("val", "de", "en", data_dir=str(directory))

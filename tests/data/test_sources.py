@@ -12,8 +12,7 @@ import pytest
 from attnmt.data import sources
 from attnmt.data.sources import load_pairs, multi30k_pairs, read_parallel_files, tfds_pairs
 from attnmt.errors import DataError
-
-from .conftest import repo_data_root
+from tests.helpers import shared_data_dir
 
 SRC_LINES = ["Ein Hund.", "  two  spaces inside  ", "", "line\u2028with a separator", "x"]
 TGT_LINES = ["A dog.", "b", "", "c", "y"]
@@ -146,7 +145,7 @@ def test_multi30k_bad_names(split: str, src: str, tgt: str) -> None:
     ("split", "count"), [("train", 29_000), ("val", 1_014), ("test_2016_flickr", 1_000)]
 )
 def test_multi30k_real_counts(split: str, count: int, no_env: None) -> None:
-    directory = repo_data_root() / "multi30k"
+    directory = shared_data_dir() / "multi30k"
     if not (directory / f"{split}.en").is_file():
         pytest.skip(f"real Multi30K not found in {directory} (set ATTNMT_DATA_DIR)")
     pairs = multi30k_pairs(split, "en", "de", data_dir=str(directory))

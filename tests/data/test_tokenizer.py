@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from attnmt.common import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
 from attnmt.data.tokenizer import Tokenizer, _sample_sentences, train_vocab
 from attnmt.errors import DataError
-from attnmt.special_tokens import BOS_ID, EOS_ID, NUM_SPECIAL_TOKENS, PAD_ID, UNK_ID
-
-from .conftest import interleave, make_pairs
+from tests.helpers import interleave, make_pairs
 
 
 def test_special_ids_fixed(vocab_path: Path, tokenizer: Tokenizer) -> None:

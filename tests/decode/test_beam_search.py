@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.compile_options import compiler_options
+from attnmt.config.xla import compiler_options
 from attnmt.decode.beam_search import (
     CacheGrowth,
     beam_search,

@@ -4,7 +4,6 @@ refuse overrides they cannot use (naming the key) instead of ignoring them."""
 import pytest
 
 from attnmt.cli.main import main
-from tests.decode.test_translate_fuzz import workdir  # noqa: F401
 
 LINES = "the dog runs\na red house\n\ncat\nbig small big small\n"
 
@@ -20,7 +19,7 @@ def _translate(root, tmp_path, name, *flags):
 
 
 def test_translate_samples_by_flag_or_override_and_repeats_with_the_seed(
-    workdir,  # noqa: F811
+    workdir,
     tmp_path,
 ):
     root = workdir[0]
@@ -36,7 +35,7 @@ def test_translate_samples_by_flag_or_override_and_repeats_with_the_seed(
     assert both == by_flag
 
 
-def test_decode_overrides_reach_the_search(workdir, tmp_path):  # noqa: F811
+def test_decode_overrides_reach_the_search(workdir, tmp_path):
     root = workdir[0]
     greedy = _translate(root, tmp_path, "greedy", "--beam", "1")
     assert _translate(root, tmp_path, "override", "--config.decode.beam_size=1") == greedy
@@ -51,7 +50,7 @@ def test_decode_overrides_reach_the_search(workdir, tmp_path):  # noqa: F811
         (["translate"], "decode.no_such_key"),
     ],
 )
-def test_commands_refuse_overrides_they_would_ignore(workdir, capsys, argv, key):  # noqa: F811
+def test_commands_refuse_overrides_they_would_ignore(workdir, capsys, argv, key):
     root = workdir[0]
     code = main([*argv, "--workdir", str(root), f"--config.{key}=3"])
     assert code == 2
@@ -59,13 +58,13 @@ def test_commands_refuse_overrides_they_would_ignore(workdir, capsys, argv, key)
     assert key in err and "Traceback" not in err
 
 
-def test_bad_sampling_settings_name_the_key(workdir, capsys):  # noqa: F811
+def test_bad_sampling_settings_name_the_key(workdir, capsys):
     root = workdir[0]
     assert main(["translate", "--workdir", str(root), "--temperature", "-1"]) == 2
     assert "decode.temperature" in capsys.readouterr().err
 
 
-def test_a_missing_input_file_is_named_without_a_traceback(workdir, tmp_path, capsys):  # noqa: F811
+def test_a_missing_input_file_is_named_without_a_traceback(workdir, tmp_path, capsys):
     missing = tmp_path / "missing.txt"
     code = main(["translate", "--workdir", str(workdir[0]), "--input", str(missing)])
     err = capsys.readouterr().err

@@ -10,19 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from attnmt.cli.config_file import load_config_file
 from attnmt.cli.main import main
+from attnmt.config import Experiment, load_experiment
+from attnmt.config.decode import DecodeConfig
 from attnmt.data.parsing import parse_splits, treebank_pairs, treebank_trees
 from attnmt.data.treebank import parse_bracketed, retag, tags, to_bracketed, words
-from attnmt.decode.config import DecodeConfig
 from attnmt.decode.parsing import parsing_translator
 from attnmt.errors import ConfigError, DataError
-from attnmt.experiment import Experiment
 from attnmt.workdir import load_run
-from tests.decode.test_tree_grammar import is_tree
 from tests.evalb import Evalb, evalb_fixture
-from tests.launch.helpers import TINY_MODEL
-from tests.test_config import CONFIGS
+from tests.helpers import CONFIGS, TINY_MODEL_OVERRIDES, is_tree
 
 PUNCTUATION = {",", ".", ":", "``", "''"}
 
@@ -60,8 +57,7 @@ def test_pairs_are_the_words_and_the_linearized_tree(ptb_dir):
 
 def test_the_configs_load_with_the_paper_decoding():
     for variant in ("paper", "sample"):
-        config = load_config_file(str(CONFIGS / f"wsj_parsing.py:variant={variant}"))
-        experiment = Experiment.from_mapping(config)
+        experiment = load_experiment(str(CONFIGS / f"wsj_parsing.py:variant={variant}"))
         assert experiment.data.source == "treebank"
         decode = experiment.decode
         assert (decode.beam_size, decode.alpha, decode.max_len_offset) == (21, 0.3, 300)
@@ -72,7 +68,7 @@ def test_the_configs_load_with_the_paper_decoding():
 
 
 def _paper() -> Experiment:
-    return Experiment.from_mapping(load_config_file(str(CONFIGS / "wsj_parsing.py:variant=paper")))
+    return load_experiment(str(CONFIGS / "wsj_parsing.py:variant=paper"))
 
 
 def test_the_paper_variant_splits_wsj_sections_2_21_22_23(tmp_path: Path):
@@ -154,7 +150,7 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
         f"--config.data.treebank_leaves={leaves}",
         f"--config.data.treebank_splits={SPLITS}",
         "--config.model.vocab_size=300",
-        *TINY_MODEL,
+        *TINY_MODEL_OVERRIDES,
         "--config.data.tokens_per_batch=2048",
         # A few large updates: enough for the parses to share some brackets with the gold
         # trees (P 100, R 10 with either leaves, where this was written), so the figures

@@ -9,13 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.compile_options import compiler_options
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
+from attnmt.config.decode import DecodeConfig
+from attnmt.config.model import ModelConfig
+from attnmt.config.xla import compiler_options
 from attnmt.data.tokenizer import Tokenizer, train_vocab
-from attnmt.decode.config import DecodeConfig
 from attnmt.decode.translate import Translator, decode_batch
-from attnmt.model.config import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tests.helpers import tiny_model
 
 WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
 
@@ -39,17 +40,7 @@ def _init_params(config: ModelConfig, seed: int):
 
 @pytest.fixture(scope="module")
 def model_and_params(tokenizer):
-    config = ModelConfig(
-        vocab_size=48,
-        d_model=16,
-        d_ff=32,
-        num_heads=2,
-        d_k=8,
-        d_v=8,
-        num_layers=1,
-        dropout_rate=0.0,
-        max_length=24,
-    )
+    config = tiny_model(vocab_size=48, num_layers=1, max_length=24)
     return config, _init_params(config, 0)
 
 
@@ -69,9 +60,10 @@ def translators(model_and_params, tokenizer):
                 xla_backend_optimization_level=0,  # compiles faster; the tests compare text
             )
             warnings: list[str] = []
-            made[beam] = Translator(
-                [config], [params], tokenizer, decode, warn=warnings.append
-            ), warnings
+            made[beam] = (
+                Translator([config], [params], tokenizer, decode, warn=warnings.append),
+                warnings,
+            )
         made[beam][1].clear()
         return made[beam]
 

@@ -7,69 +7,17 @@ far longer than the model's maximum), not the quality of the translations.
 
 from __future__ import annotations
 
-import random
-
-import jax
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
-from attnmt.data.tokenizer import Tokenizer, train_vocab
-from attnmt.decode.config import DecodeConfig
+from attnmt.config.decode import DecodeConfig
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode.translate import Translator
-from attnmt.experiment import Experiment
-from attnmt.model.transformer import Transformer
-from attnmt.train.optim import make_optimizer
-from attnmt.train.step import create_train_state
-from tests.test_config import CONFIGS
+from tests.helpers import AWKWARD, WORDS
 
-WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
-# Characters that end a line for some reader (str.splitlines, universal newlines) or that
-# text tools often mishandle; NEL (U+0085) even survives sentencepiece's normalisation, so
-# the vocabulary below holds a piece with it and the model can emit it.
-AWKWARD = ["\x00", "\r", "\n", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\ufeff"]
 EXAMPLES = 30
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A workdir as training leaves it: config, vocabulary, one checkpoint (random weights)."""
-    root = tmp_path_factory.mktemp("run")
-    rng = random.Random(0)
-    text = [
-        " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))) + rng.choice(AWKWARD) + "x"
-        for _ in range(300)
-    ]
-    train_vocab(text, root / "vocab.model", vocab_size=48)
-    config = load_config_file(str(CONFIGS / "tiny.py"))
-    apply_command_line_overrides(
-        config,
-        [
-            "--config.model.vocab_size=48",
-            "--config.model.d_model=16",
-            "--config.model.d_ff=32",
-            "--config.model.d_k=8",
-            "--config.model.d_v=8",
-            "--config.model.num_layers=1",
-            "--config.model.max_length=24",
-            "--config.data.max_length=16",
-            "--config.decode.beam_size=2",
-            "--config.decode.max_len_offset=5",
-            "--config.decode.batch_sentences=4",
-        ],
-    )
-    experiment = Experiment.from_mapping(config)
-    example = {"src_tokens": np.ones((1, 8), np.int32), "tgt_tokens": np.ones((1, 8), np.int32)}
-    model, optimizer = Transformer(experiment.model), make_optimizer(experiment.optim, 16)
-    state = create_train_state(model, optimizer, jax.random.PRNGKey(0), example)
-    manager = CheckpointManager(root)
-    manager.save(1, state, {"epoch": 0, "index": 0, "seed": 0}, experiment.to_dict())
-    manager.close()
-    return root, experiment, state.params
 
 
 @pytest.fixture(scope="module")

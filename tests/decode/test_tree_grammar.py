@@ -13,53 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.compile_options import compiler_options
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
+from attnmt.config.xla import compiler_options
 from attnmt.decode import beam_search as search
 from attnmt.decode.tree_grammar import TreeGrammar
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tests.helpers import is_tree, tree_leaves
 
 # ids 0-3 are the special tokens; 4 is an ordinary word piece the grammar must never allow.
 SYMBOLS = {5: "(S", 6: ")S", 7: "(NP", 8: ")NP", 9: "XX", 10: "(VP"}  # no ")VP" piece
 VOCAB = 12
 TREE_IDS = sorted(SYMBOLS)
-
-
-def tree_leaves(tokens: tuple[str, ...], closers: frozenset[str] | None = None) -> int | None:
-    """Independent check: the number of leaves of `tokens` if they are one tree (one root,
-    balanced brackets, every constituent non-empty, leaves only inside the root), else None.
-    A closing bracket must carry its constituent's label; one whose label has no closing
-    piece (not in `closers`; None: every label has one) may be closed by any of them."""
-    stack: list[tuple[str, int]] = []  # (label, children so far)
-    closed_root = False
-    count = 0
-    for token in tokens:
-        if closed_root:
-            return None
-        if token.startswith("("):
-            if stack:
-                stack[-1] = (stack[-1][0], stack[-1][1] + 1)
-            elif count:
-                return None
-            stack.append((token[1:], 0))
-        elif token.startswith(")"):
-            if not stack or stack[-1][1] == 0:
-                return None
-            label = stack[-1][0]
-            if token[1:] != label and (closers is None or label in closers):
-                return None
-            stack.pop()
-            closed_root = not stack
-        else:
-            if not stack:
-                return None
-            stack[-1] = (stack[-1][0], stack[-1][1] + 1)
-            count += 1
-    return count if closed_root else None
-
-
-def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
-    """One tree, labels matched, with exactly `leaves` leaves."""
-    return tree_leaves(tokens) == leaves
 
 
 MAX_LIMIT = 8  # the longest length limit of the brute-force tests (EOS included)

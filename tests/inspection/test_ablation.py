@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from attnmt.attention.ablation import HeadAblation, ablate_heads, format_ablation
 from attnmt.cli.main import main
 from attnmt.decode.translate import Translator
+from attnmt.inspection.ablation import HeadAblation, ablate_heads, format_ablation
 from attnmt.workdir import load_run
-from tests.attention.test_figures import expected_kind_files
-from tests.train.test_end_to_end import write_reversal_corpus
+from tests.helpers import corpus_paths, expected_kind_files, write_reversal_corpus
 
 LAYERS, HEADS = 2, 4  # unequal, so a swapped layer and head index cannot pass
 SENTENCES = 8
@@ -42,8 +41,7 @@ def trained(tmp_path_factory) -> Path:
     corpus = write_reversal_corpus(root)
     workdir = root / "run"
     overrides = [
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+        *corpus_paths(corpus),
         "--config.data.max_length=16",
         "--config.data.min_bucket_length=16",  # one compiled shape
         "--config.model.vocab_size=32",
@@ -97,7 +95,7 @@ def reference(trained) -> Reference:
     decode = dataclasses.replace(
         run.experiment.decode, beam_size=1, xla_backend_optimization_level=0
     )  # what `--beam 1 --xla-opt-level 0` gives the command
-    translator = Translator([run.experiment.model], [run.params], run.tokenizer, decode)
+    translator = Translator.from_runs([run], decode)
     corpus = trained.parent
     sources = (corpus / "dev.src").read_text().splitlines()[:SENTENCES]
     full = translator.translate(sources)

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from attnmt.attention.figures import (
+from attnmt.common import EOS_ID
+from attnmt.inspection.figures import (
     alignment_figure,
     head_figure,
     layer_figure,
@@ -22,12 +23,11 @@ from attnmt.attention.figures import (
     query_figure,
     statistics_figure,
 )
-from attnmt.attention.files import write_figures
-from attnmt.attention.stats import STATISTICS, head_statistics
-from attnmt.attention.view import KINDS, view_from_ids
-from attnmt.model.config import ModelConfig
+from attnmt.inspection.files import write_figures
+from attnmt.inspection.stats import STATISTICS, head_statistics
+from attnmt.inspection.view import KINDS, view_from_ids
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID
+from tests.helpers import expected_kind_files, tiny_model
 
 SOURCE = ["▁a", "▁man", "▁on", "▁a", "▁ladder", "</s>"]
 TARGET = ["▁ein", "▁Mann", "▁auf", "▁Leiter", "</s>"]
@@ -36,16 +36,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def view():
-    config = ModelConfig(
-        vocab_size=20,
-        d_model=32,
-        d_ff=32,
-        num_heads=2,
-        d_k=16,
-        d_v=16,
-        num_layers=2,
-        dropout_rate=0.0,
-    )
+    config = tiny_model(vocab_size=20, d_model=32, d_k=16, d_v=16)
     tokens = jnp.ones((1, 6), jnp.int32)
     variables = Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens)
     params = nn.meta.unbox(variables["params"])
@@ -132,14 +123,6 @@ def test_statistics_figure_has_a_map_per_kind_and_statistic(view):
     assert entropy.shape == (view.num_layers, view.num_heads)
     assert entropy[1, 0] == pytest.approx(next(r.entropy for r in rows if r.layer == 1))
     assert len(maps[0].texts) == view.num_layers * view.num_heads  # small grid: annotated
-
-
-def expected_kind_files(kind: str, layers, heads, query: int) -> set[str]:
-    names = {f"{kind}_model.png"}
-    for layer in layers:
-        names |= {f"{kind}_layer{layer}.png", f"{kind}_layer{layer}_query{query}.png"}
-        names |= {f"{kind}_layer{layer}_head{head}.png" for head in heads}
-    return names
 
 
 def test_write_figures_writes_every_figure_and_an_index(view, tmp_path):

@@ -9,18 +9,15 @@ import jax
 import numpy as np
 import pytest
 
-from attnmt.attention.ablation import without_head
-from attnmt.attention.stats import head_statistics, head_values
-from attnmt.attention.view import AttentionView, view_from_ids
-from attnmt.model.config import ModelConfig
+from attnmt.common import BOS_ID, EOS_ID
+from attnmt.inspection.ablation import without_head
+from attnmt.inspection.stats import head_statistics, head_values
+from attnmt.inspection.view import AttentionView, view_from_ids
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import BOS_ID, EOS_ID
+from tests.helpers import tiny_model
 from tests.model import reference
-from tests.model.test_norm_position import _sinusoids
 
-CONFIG = ModelConfig(
-    vocab_size=24, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=2, dropout_rate=0.0
-)
+CONFIG = tiny_model()
 SRC = [5, 6, 7, 8, 9, EOS_ID]
 TGT = [10, 11, 12, EOS_ID]
 
@@ -58,7 +55,9 @@ def test_every_map_is_a_distribution_and_decoder_rows_see_no_future(view):
 def _first_layer_weights(params, tokens, layer_params) -> np.ndarray:
     """softmax(x W_Q (x W_K)ᵀ / √d_k) of layer 0, from the paper's embedding (§3.4, §3.5)."""
     embedding = np.float64(params["embed"]["embedding"])
-    x = embedding[tokens] * np.sqrt(CONFIG.d_model) + _sinusoids(len(tokens), CONFIG.d_model)
+    x = embedding[tokens] * np.sqrt(CONFIG.d_model) + reference.sinusoids(
+        len(tokens), CONFIG.d_model
+    )
     wq = np.float64(layer_params["query"]["kernel"])
     wk = np.float64(layer_params["key"]["kernel"])
     heads = []

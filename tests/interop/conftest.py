@@ -10,65 +10,14 @@ as a trained model's do (a random one repeats one piece until the length limit).
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import EN, sentences, translate_cli, translation
+
 pytest.importorskip("transformers", reason="the interop tests need the [hf] extra")
 pytest.importorskip("torch", reason="the interop tests need the [hf] extra")
-
-# A word-for-word "translation" task the tiny model learns in a few hundred updates.
-EN = [
-    "a",
-    "man",
-    "woman",
-    "dog",
-    "cat",
-    "is",
-    "are",
-    "runs",
-    "sits",
-    "on",
-    "the",
-    "in",
-    "blue",
-    "red",
-    "green",
-    "street",
-    "park",
-    "ball",
-]
-DE = [
-    "ein",
-    "mann",
-    "frau",
-    "hund",
-    "katze",
-    "ist",
-    "sind",
-    "läuft",
-    "sitzt",
-    "auf",
-    "der",
-    "im",
-    "blauen",
-    "roten",
-    "grünen",
-    "straße",
-    "park",
-    "ball",
-]
-DICTIONARY = dict(zip(EN, DE, strict=True))
-
-
-def sentences(words: list[str], n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) + " ." for _ in range(n)]
-
-
-def translation(sentence: str) -> str:
-    return " ".join(DICTIONARY.get(word, word) for word in sentence.split())
 
 
 def _train_spm(lines: list[str], prefix: Path) -> None:
@@ -179,16 +128,6 @@ def hf_dir(tmp_path_factory) -> Path:
     return out
 
 
-# float32 through 2+2 layers of width 32 (d_ff 64): rounding errors of mixed sign grow like
-# √n·u per dot product of n terms (u = 2^-24; Higham §2.8), and each logit ends a chain of
-# about 40 of them (10 sublayers of about 4 matmul stages, each followed by a LayerNorm that
-# keeps activations at unit scale), so each implementation is within about
-# √40·√64·u ≈ 3e-6 of exact, relative to logits of size ≤ 10: 3e-5, twice that for the
-# difference of two. 1e-4 leaves room and still catches any wrong weight, layout or option
-# (those move logits by 1e-2 or more). Measured: 5e-6 to 6e-6.
-LOGIT_ATOL = 1e-4
-
-
 @pytest.fixture(scope="session")
 def hf(hf_dir):
     """The reference MarianMTModel (eval mode) and MarianTokenizer, loaded once."""
@@ -205,20 +144,6 @@ def imported(hf_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("imported") / "run"
     assert main(["import", str(hf_dir), "--workdir", str(out)]) == 0
     return out
-
-
-SOURCES = sentences(EN, 12, seed=7)  # what the interop tests translate and score
-
-
-def translate_cli(workdir: Path, folder: Path, *flags: str) -> list[str]:
-    """`attnmt translate` of SOURCES (XLA level 0: a shorter compile, the same math)."""
-    from attnmt.cli.main import main
-
-    source, target = folder / "in.txt", folder / "out.txt"
-    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
-    args = ["translate", "--workdir", str(workdir), "--input", str(source), "--xla-opt-level"]
-    assert main([*args, "0", "--output", str(target), *flags]) == 0
-    return target.read_text(encoding="utf-8").splitlines()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from attnmt.cli.main import main
-from tests.interop.conftest import SOURCES
+from tests.helpers import SOURCES
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the interop tests need [hf]")
 

@@ -14,16 +14,23 @@ import numpy as np
 import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
+from attnmt.common import BOS_ID, EOS_ID, PAD_ID
+from attnmt.config import load_experiment
 from attnmt.data.tokenizer import train_vocab
-from attnmt.experiment import Experiment
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from attnmt.train.optim import make_optimizer
 from attnmt.train.step import create_train_state
 from attnmt.workdir import load_run
-from tests.interop.conftest import EN, LOGIT_ATOL, SOURCES, sentences, translate_cli, translation
+from tests.helpers import (
+    EN,
+    LOGIT_ATOL,
+    SOURCES,
+    sentences,
+    translate_cli,
+    translation,
+    write_word_task_corpus,
+)
 
 torch = pytest.importorskip("torch", reason="the interop tests need the [hf] extra")
 transformers = pytest.importorskip("transformers", reason="the interop tests need [hf]")
@@ -33,22 +40,14 @@ JIT0 = {"compiler_options": {"xla_backend_optimization_level": 0}}
 EXPORTABLE = ["--config.model.positional_layout=halves", "--config.model.layer_norm_epsilon=1e-5"]
 
 
-def _corpus(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, count, seed in (("train", 2000, 21), ("dev", 16, 22)):
-        lines = sentences(EN, count, seed)
-        (folder / f"{split}.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        (folder / f"{split}.de").write_text("\n".join(map(translation, lines)) + "\n")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def native(tmp_path_factory) -> Path:
     """`attnmt train` on the word-for-word task: 60 updates of configs/tiny.py (its own
     64-piece BPE vocabulary, decoder start <s>), enough for translations that depend on the
     input and end with </s>."""
     root = tmp_path_factory.mktemp("native")
-    corpus = _corpus(root / "corpus")
+    splits = {"train": sentences(EN, 2000, 21), "dev": sentences(EN, 16, 22)}
+    corpus = write_word_task_corpus(root / "corpus", splits)
     workdir = root / "run"
     overrides = [
         f"--config.data.src_path={corpus}/{{split}}.{{src}}",
@@ -173,9 +172,7 @@ def _random_workdir(root: Path, *overrides: str) -> Path:
     root.mkdir(parents=True)
     lines = sentences(EN, 300, seed=31)
     train_vocab([x for s in lines for x in (s, translation(s))], root / "vocab.model", 64)
-    config = load_config_file("configs/tiny.py")
-    apply_command_line_overrides(config, [*EXPORTABLE, *overrides])
-    experiment = Experiment.from_mapping(config)
+    experiment = load_experiment("configs/tiny.py", [*EXPORTABLE, *overrides])
     model = Transformer(experiment.model)
     optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
     example = {"src_tokens": np.ones((1, 8), np.int32), "tgt_tokens": np.ones((1, 8), np.int32)}

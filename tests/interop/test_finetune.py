@@ -12,32 +12,22 @@ import jax
 import numpy as np
 import pytest
 
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
-from attnmt.experiment import Experiment
+from attnmt.config import load_experiment
+from attnmt.config.experiment import Experiment
 from attnmt.train.assemble import build_trainer
 from attnmt.workdir import load_run
-from tests.interop.conftest import EN, sentences, translation
+from tests.helpers import EN, sentences, translation, write_word_task_corpus
 
 torch = pytest.importorskip("torch", reason="the interop tests need the [hf] extra")
 
 PAIRS = {"train": sentences(EN, 64, seed=11), "dev": sentences(EN, 16, seed=12)}
 
 
-def _corpus(folder: Path) -> Path:
-    for split, lines in PAIRS.items():
-        (folder / f"{split}.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        (folder / f"{split}.de").write_text(
-            "\n".join(map(translation, lines)) + "\n", encoding="utf-8"
-        )
-    return folder
-
-
 def _experiment(workdir: Path, corpus: Path, steps: int, evaluate: bool = False) -> Experiment:
     """What `attnmt train --config configs/finetune.py:workdir=W,steps=N …` trains; with
     evaluation on the dev pairs only where it is looked at (it never changes the state)."""
-    config = load_config_file(f"configs/finetune.py:workdir={workdir},steps={steps}")
-    apply_command_line_overrides(
-        config,
+    return load_experiment(
+        f"configs/finetune.py:workdir={workdir},steps={steps}",
         [
             f"--config.data.src_path={corpus}/{{split}}.{{src}}",
             f"--config.data.tgt_path={corpus}/{{split}}.{{tgt}}",
@@ -53,7 +43,6 @@ def _experiment(workdir: Path, corpus: Path, steps: int, evaluate: bool = False)
             "--config.train.xla_backend_optimization_level=0",
         ],
     )
-    return Experiment.from_mapping(config)
 
 
 def _leaves(state) -> list[np.ndarray]:
@@ -62,7 +51,7 @@ def _leaves(state) -> list[np.ndarray]:
 
 def test_fine_tuning_starts_from_the_imported_model_and_resumes(hf, imported, tmp_path):
     model, tokenizer = hf
-    corpus = _corpus(tmp_path)
+    corpus = write_word_task_corpus(tmp_path, PAIRS)
     run, uninterrupted = tmp_path / "run", tmp_path / "uninterrupted"
     shutil.copytree(imported, run)
     shutil.copytree(imported, uninterrupted)

@@ -14,7 +14,7 @@ import pytest
 
 from attnmt.cli.main import main
 from attnmt.interop.vocab_order import marian_ids_in_attnmt_order
-from tests.interop.conftest import LOGIT_ATOL, SOURCES, translate_cli, translation
+from tests.helpers import LOGIT_ATOL, SOURCES, translate_cli, translation
 
 torch = pytest.importorskip("torch", reason="the interop tests need the [hf] extra")
 transformers = pytest.importorskip("transformers", reason="the interop tests need [hf]")
@@ -125,7 +125,7 @@ def test_export_import_round_trip(hf, hf_dir, workdir, tmp_path):
 
 
 def test_attention_maps_match_marian(hf, hf_dir, workdir):
-    from attnmt.attention.view import attention_view
+    from attnmt.inspection.view import attention_view
     from attnmt.workdir import load_run
 
     _, tokenizer = hf
@@ -167,9 +167,9 @@ def test_attention_maps_match_marian(hf, hf_dir, workdir):
     ],
 )
 def test_export_refuses_what_marian_does_not_compute(change, key):
+    from attnmt.config.model import ModelConfig
     from attnmt.errors import ConfigError
     from attnmt.interop.marian_config import check_exportable
-    from attnmt.model.config import ModelConfig
 
     with pytest.raises(ConfigError, match=key):
         check_exportable(ModelConfig(**change))

@@ -7,11 +7,11 @@ import struct
 import pytest
 from tensorboardX import SummaryWriter
 
-from attnmt.cli.config_file import load_config_file
-from attnmt.experiment import Experiment
+from attnmt.cli.main import main as attnmt_main
+from attnmt.cli.report import ReportError, gather, markdown_table, read_scalars
+from attnmt.config import load_experiment
 from attnmt.model.param_count import count_parameters
-from attnmt.report import ReportError, gather, main, markdown_table, read_scalars
-from tests.test_config import CONFIGS
+from tests.helpers import TINY_CONFIG
 
 
 def _write(directory, step, scalars, walltime, name=None):
@@ -37,9 +37,7 @@ def _write(directory, step, scalars, walltime, name=None):
 
 def _make_run(workdir, d_ff=64, steps=(), dev=(), bleu=(), bleu_split=None):
     """A workdir as training leaves it: config.json, checkpoint folders, event files."""
-    config = load_config_file(str(CONFIGS / "tiny.py"))
-    config.model.d_ff = d_ff
-    experiment = Experiment.from_mapping(config)
+    experiment = load_experiment(str(TINY_CONFIG), {"model.d_ff": d_ff})
     workdir.mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps(experiment.to_dict()))
     for step in steps:
@@ -110,13 +108,13 @@ def test_main_writes_the_csv_and_refuses_an_empty_folder(tmp_path):
     _make_run(tmp_path / "runs" / "a", steps=[10], dev=[(10, 3.0)])
     _make_run(tmp_path / "runs" / "b", steps=[20], dev=[(20, 4.0)])
     out = tmp_path / "table.csv"
-    assert main([str(tmp_path / "runs"), "--csv", str(out)]) == 0
+    assert attnmt_main(["report", str(tmp_path / "runs"), "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert [row["run"] for row in rows] == ["a", "b"]
     assert float(rows[1]["dev_ppl"]) == pytest.approx(4.0)
     assert rows[0]["steps"] == "10" and rows[0]["dev_bleu"] == ""
 
     (tmp_path / "empty").mkdir()
-    assert main([str(tmp_path / "empty")]) == 2
+    assert attnmt_main(["report", str(tmp_path / "empty")]) == 2
     with pytest.raises(ReportError):
         gather(str(tmp_path / "empty"))

@@ -9,19 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from attnmt.report import main as report_main
-from attnmt.variants import TABLE3
+from attnmt.cli.main import main as attnmt_main
+from attnmt.config.variants import TABLE3
 from launch.common import LaunchError
 from launch.sweep import expand
+from tests.helpers import corpus_overrides, write_reversal_corpus
 from tests.launch.helpers import (
     FAST_COMPILE_ENV,
     REPO,
-    corpus_overrides,
     dry_run,
     launch,
     shell_commands,
     train_part,
-    write_corpus,
 )
 
 SWEEPS = REPO / "configs" / "sweeps"
@@ -132,7 +131,7 @@ def test_tiny_sweep_trains_locally_and_report_tabulates_it(tmp_path, capsys):
     exactly what each run wrote, read here independently: the dev scalars of its last
     evaluation as TensorFlow reads its event files, the step of its newest checkpoint, and
     the parameters in that checkpoint, which are the paper's count for the row's sizes."""
-    corpus = write_corpus(tmp_path / "corpus")
+    corpus = write_reversal_corpus(tmp_path / "corpus", train=300, dev=16)
     root = tmp_path / "sweeps"
     names = ["base", "n1"]  # dff128 differs only in its overrides: the dry run checks them
     sweep = [str(SWEEPS / "tiny_demo.py"), "--root", str(root), "--launcher", "local"]
@@ -174,7 +173,7 @@ def test_tiny_sweep_trains_locally_and_report_tabulates_it(tmp_path, capsys):
 
     capsys.readouterr()
     table = tmp_path / "table3.csv"
-    assert report_main([str(root / "tiny_demo"), "--csv", str(table)]) == 0
+    assert attnmt_main(["report", str(root / "tiny_demo"), "--csv", str(table)]) == 0
     printed_rows = capsys.readouterr().out.splitlines()[2:]
     rows = list(csv.DictReader(table.open()))
     assert [row["run"] for row in rows] == names

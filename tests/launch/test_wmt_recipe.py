@@ -28,7 +28,8 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from tests.launch.helpers import REPO, TINY_MODEL, launch, shell_commands, train_part
+from tests.helpers import TINY_MODEL_OVERRIDES
+from tests.launch.helpers import REPO, launch, shell_commands, train_part
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
@@ -47,7 +48,7 @@ FAST_DECODE = [
 # A model small enough to compile and train in seconds, one bucket shape (one compile), a
 # checkpoint after every update, and the test BLEU at the end decoded as cheaply as above.
 TINY = [
-    *TINY_MODEL,
+    *TINY_MODEL_OVERRIDES,
     "--config.model.vocab_size=40",
     "--config.data.tokens_per_batch=512",
     "--config.data.max_length=16",

@@ -32,3 +32,12 @@ def multi_head(x_q, x_kv, params, mask):
         heads.append(out[:, :, 0])
     concat = np.concatenate(heads, axis=-1)  # [b, q, h*d_v]
     return concat @ wo.reshape(-1, wo.shape[-1])
+
+
+def sinusoids(length, d):
+    """The sinusoidal position table of §3.5, [length, d] (sines in even columns)."""
+    pos = np.arange(length)[:, None]
+    angle = pos / 10000 ** (2 * np.arange(d // 2)[None, :] / d)
+    table = np.zeros((length, d))
+    table[:, 0::2], table[:, 1::2] = np.sin(angle), np.cos(angle)
+    return table

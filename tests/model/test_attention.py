@@ -6,13 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.model.config import ModelConfig
 from attnmt.model.layers import MultiHeadAttention, dot_product_attention_weights
+from tests.helpers import tiny_model
 from tests.model import reference
 
-CONFIG = ModelConfig(
-    vocab_size=16, d_model=12, d_ff=20, num_heads=3, d_k=5, d_v=7, num_layers=1, dropout_rate=0.0
-)
+CONFIG = tiny_model(vocab_size=16, d_model=12, d_ff=20, num_heads=3, d_k=5, d_v=7, num_layers=1)
 
 
 def _masks(batch, q_len, k_len, rng):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from jax.extend import core as jex_core
 
-from attnmt.model.config import ModelConfig
 from attnmt.model.flops import forward_flops, padded_forward_flops, train_flops
 from attnmt.model.transformer import Transformer
+from tests.helpers import tiny_model
 
 
 def _subjaxprs(params):
@@ -40,9 +40,7 @@ def _matmul_flops(jaxpr) -> int:
     "sizes", [dict(d_k=8, d_v=8, num_heads=2), dict(d_k=5, d_v=7, num_heads=3)]
 )
 def test_padded_count_equals_every_traced_matmul(sizes):
-    config = ModelConfig(
-        vocab_size=40, d_model=12, d_ff=20, num_layers=2, dropout_rate=0.0, **sizes
-    )
+    config = tiny_model(vocab_size=40, d_model=12, d_ff=20, **sizes)
     model = Transformer(config)
     rows, src_len, tgt_len = 3, 7, 5
     src = jnp.full((rows, src_len), 5, jnp.int32)
@@ -54,8 +52,8 @@ def test_padded_count_equals_every_traced_matmul(sizes):
 
 
 def test_real_token_count_drops_padding_and_the_masked_half():
-    config = ModelConfig(
-        vocab_size=40, d_model=12, d_ff=20, num_heads=2, d_k=4, d_v=4, num_layers=1
+    config = tiny_model(
+        vocab_size=40, d_model=12, d_ff=20, d_k=4, d_v=4, num_layers=1, dropout_rate=0.1
     )
     full = padded_forward_flops(config, 1, 6, 6)
     real = forward_flops(config, np.array([6]), np.array([6]))

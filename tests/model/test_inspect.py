@@ -5,23 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.model.config import ModelConfig
-from attnmt.model.inspect import attention_maps
+from attnmt.common import EOS_ID, PAD_ID
+from attnmt.inspection.capture import attention_maps
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID, PAD_ID
+from tests.helpers import tiny_model
 
 
 def test_maps_cover_every_attention_and_respect_masks():
-    config = ModelConfig(
-        vocab_size=20,
-        d_model=16,
-        d_ff=32,
-        num_heads=2,
-        d_k=8,
-        d_v=8,
-        num_layers=2,
-        dropout_rate=0.0,
-    )
+    config = tiny_model(vocab_size=20)
     model = Transformer(config)
     src = jnp.array([[5, 6, 7, EOS_ID, PAD_ID], [8, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
     tgt = jnp.array([[9, 10, EOS_ID, PAD_ID], [11, 12, 13, EOS_ID]])

@@ -1,20 +1,20 @@
 """The encoder stack, post-norm (§3.1) and pre-norm, against a NumPy float64 composition."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.model.config import ModelConfig
+from attnmt.common import PAD_ID
 from attnmt.model.param_count import abstract_params
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import PAD_ID
+from tests.helpers import tiny_model
 from tests.model import reference
 
-CONFIG = ModelConfig(
-    vocab_size=20, d_model=12, d_ff=24, num_heads=3, d_k=4, d_v=5, num_layers=2, dropout_rate=0.0
-)
+CONFIG = tiny_model(vocab_size=20, d_model=12, d_ff=24, num_heads=3, d_k=4, d_v=5)
 
 
 def _layer_norm(x, p):
@@ -28,17 +28,11 @@ def _ffn(x, p):
     return hidden @ np.float64(p["wo"]["kernel"]) + np.float64(p["wo"]["bias"])
 
 
-def _sinusoids(length, d):
-    pos = np.arange(length)[:, None]
-    angle = pos / 10000 ** (2 * np.arange(d // 2)[None, :] / d)
-    table = np.zeros((length, d))
-    table[:, 0::2], table[:, 1::2] = np.sin(angle), np.cos(angle)
-    return table
-
-
 def _encode_numpy(params, tokens, norm_position):
     embedding = np.float64(params["embed"]["embedding"])
-    x = embedding[tokens] * np.sqrt(CONFIG.d_model) + _sinusoids(tokens.shape[1], CONFIG.d_model)
+    x = embedding[tokens] * np.sqrt(CONFIG.d_model) + reference.sinusoids(
+        tokens.shape[1], CONFIG.d_model
+    )
     mask = (tokens != PAD_ID)[:, None, None, :]
     for i in range(CONFIG.num_layers):
         layer = params[f"encoder_{i}"]
@@ -62,7 +56,7 @@ def _encode_numpy(params, tokens, norm_position):
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_encoder_matches_the_numpy_composition(norm_position):
-    config = ModelConfig(**{**CONFIG.__dict__, "norm_position": norm_position})
+    config = dataclasses.replace(CONFIG, norm_position=norm_position)
     model = Transformer(config)
     tokens = np.array([[5, 6, 7, 8, 9], [10, 11, 12, PAD_ID, PAD_ID]])
     variables = model.init(jax.random.PRNGKey(3), jnp.asarray(tokens), jnp.asarray(tokens))
@@ -85,6 +79,6 @@ def test_encoder_matches_the_numpy_composition(norm_position):
 
 def test_pre_norm_adds_one_final_norm_per_stack_and_nothing_else():
     post = abstract_params(CONFIG)
-    pre = abstract_params(ModelConfig(**{**CONFIG.__dict__, "norm_position": "pre"}))
+    pre = abstract_params(dataclasses.replace(CONFIG, norm_position="pre"))
     assert set(pre) - set(post) == {"encoder_norm", "decoder_norm"}
     assert set(post) <= set(pre)

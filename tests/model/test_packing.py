@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.batch_keys import packing_arguments
+from attnmt.common import BOS_ID, EOS_ID, packing_arguments
 from attnmt.data.packing import pack_examples
 from attnmt.data.pipeline import TokenizedCorpus
 from attnmt.model.transformer import Transformer, shift_right
-from attnmt.special_tokens import BOS_ID, EOS_ID
 from attnmt.train.loss import loss_sums
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL
-from tests.model.test_transformer import CONFIG  # the same tiny model (dropout off)
+from tests.helpers import tiny_model
 
+CONFIG = tiny_model(d_v=6, max_length=64)  # tests/model/test_transformer.py's (dropout off)
 ROW_LENGTH = 16
 
 

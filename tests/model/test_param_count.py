@@ -2,11 +2,10 @@
 
 import pytest
 
-from attnmt.cli.config_file import load_config_file
-from attnmt.experiment import Experiment
+from attnmt.config import load_experiment
+from attnmt.config.variants import TABLE3
 from attnmt.model.param_count import count_parameters
-from attnmt.variants import TABLE3
-from tests.test_config import CONFIGS
+from tests.helpers import CONFIGS
 
 
 def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False):
@@ -23,8 +22,7 @@ def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=Fa
 
 @pytest.mark.parametrize("variant", ["base", "big", *TABLE3])
 def test_count_matches_formula(variant):
-    config = load_config_file(str(CONFIGS / f"wmt14_ende.py:variant={variant}"))
-    model = Experiment.from_mapping(config).model
+    model = load_experiment(str(CONFIGS / f"wmt14_ende.py:variant={variant}")).model
     learned = model.max_length if model.positional == "learned" else 0
     expected = closed_form(
         model.d_model,
@@ -40,16 +38,14 @@ def test_count_matches_formula(variant):
 
 
 def test_base_model_is_the_papers_size():
-    config = load_config_file(str(CONFIGS / "wmt14_ende.py"))
-    total = count_parameters(Experiment.from_mapping(config).model)["total"]
+    total = count_parameters(load_experiment(str(CONFIGS / "wmt14_ende.py")).model)["total"]
     # 37k shared vocabulary: 18.9M embedding + 44.1M in the stacks.
     assert total == closed_form(512, 2048, 8, 64, 64, 6, 37_000) == 63_045_632
 
 
 @pytest.mark.parametrize("pair", ["en-de", "en-fr"])
 def test_multi30k_recipe_count_matches_formula(pair):
-    config = load_config_file(str(CONFIGS / f"multi30k.py:pair={pair}"))
-    m = Experiment.from_mapping(config).model
+    m = load_experiment(str(CONFIGS / f"multi30k.py:pair={pair}")).model
     expected = closed_form(
         m.d_model,
         m.d_ff,

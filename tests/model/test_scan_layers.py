@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 
 from attnmt.decode.translate import decode_batch
+from attnmt.inspection.capture import attention_maps
 from attnmt.model import layout
-from attnmt.model.config import ModelConfig
-from attnmt.model.inspect import attention_maps
 from attnmt.model.transformer import Transformer
+from tests.helpers import tiny_model
 
-CONFIG = ModelConfig(
-    vocab_size=24, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=3, dropout_rate=0.0
-)
+CONFIG = tiny_model(num_layers=3)
 SRC = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]])
 TGT = jnp.array([[11, 12, 13, 1, 0], [14, 1, 0, 0, 0]])
 

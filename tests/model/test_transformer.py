@@ -1,6 +1,7 @@
 """Whole-model properties: causality, padding invariance, positions, shared embedding,
-incremental decoding, compute dtype (PAPER.md "Architecture")."""
+incremental decoding, compute dtype (the paper's §3)."""
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -9,22 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.model.config import ModelConfig
+from attnmt.common import EOS_ID, PAD_ID
 from attnmt.model.layers import PositionalEncoding, SharedEmbedding
 from attnmt.model.transformer import Transformer, shift_right
-from attnmt.special_tokens import EOS_ID, PAD_ID
+from tests.helpers import tiny_model
 
-CONFIG = ModelConfig(
-    vocab_size=24,
-    d_model=16,
-    d_ff=32,
-    num_heads=2,
-    d_k=8,
-    d_v=6,
-    num_layers=2,
-    dropout_rate=0.0,
-    max_length=64,
-)
+CONFIG = tiny_model(d_v=6, max_length=64)
 
 
 def _init(config=CONFIG, length=7):
@@ -69,7 +60,7 @@ def test_appending_padding_changes_no_real_outputs():
 @pytest.mark.parametrize("offset", [0, 17])
 def test_sinusoids_match_the_formula(offset):
     d_model, length = 10, 30
-    config = ModelConfig(**{**CONFIG.__dict__, "d_model": d_model})
+    config = dataclasses.replace(CONFIG, d_model=d_model)
     zeros = jnp.zeros((1, length, d_model))
     table = np.asarray(PositionalEncoding(config).apply({}, zeros, offset))[0]
     for row in range(length):
@@ -118,9 +109,7 @@ def test_one_embedding_matrix_serves_source_target_and_output():
 )
 @pytest.mark.parametrize("length", [1, 4, 9])
 def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, length):
-    config = ModelConfig(
-        **{**CONFIG.__dict__, "positional": positional, "norm_position": norm_position}
-    )
+    config = dataclasses.replace(CONFIG, positional=positional, norm_position=norm_position)
     model, params = _init(config)
     rng = np.random.default_rng(length)
     src = _tokens(rng, 3, 5).at[1, 3:].set(PAD_ID)
@@ -168,7 +157,7 @@ def _dot_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
 
 
 def test_bfloat16_compute_keeps_float32_params_and_close_logits():
-    config16 = ModelConfig(**{**CONFIG.__dict__, "dtype": "bfloat16"})
+    config16 = dataclasses.replace(CONFIG, dtype="bfloat16")
     model32, params = _init()
     model16 = Transformer(config16)
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
@@ -213,7 +202,7 @@ def test_bfloat16_compute_keeps_float32_params_and_close_logits():
 
 
 def test_dropout_is_active_only_in_training():
-    config = ModelConfig(**{**CONFIG.__dict__, "dropout_rate": 0.3, "attention_dropout_rate": 0.2})
+    config = dataclasses.replace(CONFIG, dropout_rate=0.3, attention_dropout_rate=0.2)
     model, params = _init(config)
     src = jnp.array([[5, 6, 7, EOS_ID]])
     tgt = jnp.array([[8, 9, EOS_ID, PAD_ID]])

@@ -10,24 +10,21 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
-import random
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.parallel.jobs import PROBE, Probed, job_env, read_probes, run_job, train_args
-
-LETTERS = list("abcdefgh")
-REFERENCE_STEPS = 30
-# 160 pairs make 10 updates of 16 rows an epoch: the runs cross two epoch boundaries.
-CORPUS_PAIRS = 160
-# What every run compared with the reference uses besides train_args: Adam (the configs'
-# optimizer) and dropout, a log line per update (tests watch them), periodic saves.
-REFERENCE_OVERRIDES = (
-    "--config.model.dropout_rate=0.1",
-    "--config.train.log_every_steps=1",
-    "--config.train.checkpoint_every_steps=15",
+from tests.parallel.jobs import (
+    PROBE,
+    REFERENCE_OVERRIDES,
+    REFERENCE_STEPS,
+    Probed,
+    job_env,
+    read_probes,
+    run_job,
+    train_args,
+    write_corpus,
 )
 
 
@@ -43,16 +40,6 @@ def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every xdist worker of this session sees (the workers' common parent)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def write_corpus(directory: Path, pairs: int = CORPUS_PAIRS) -> Path:
-    """Train pairs of 2-5 letters and their reversal (one bucket shape at max_length 8)."""
-    rng = random.Random(0)
-    lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(pairs)]
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "train.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
-    (directory / "train.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
-    return directory
 
 
 @pytest.fixture(scope="session")

@@ -20,35 +20,43 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, tiny_train_args, write_reversal_corpus
+
 PROBE = [sys.executable, "-m", "tests.parallel.probe"]
 TIMEOUT_S = 300
 # The jitted steps compile at XLA's backend level 0 (much faster to compile). Runs that a
 # test compares bit for bit are all compiled at this one level.
 FAST_COMPILE = "--config.train.xla_backend_optimization_level=0"
+# The shared two-process reference run (tests/parallel/conftest.py).
+REFERENCE_STEPS = 30
+# 160 pairs make 10 updates of 16 rows an epoch: the runs cross two epoch boundaries.
+CORPUS_PAIRS = 160
+# What every run compared with the reference uses besides train_args: Adam (the configs'
+# optimizer) and dropout, a log line per update (tests watch them), periodic saves.
+REFERENCE_OVERRIDES = (
+    "--config.model.dropout_rate=0.1",
+    "--config.train.log_every_steps=1",
+    "--config.train.checkpoint_every_steps=15",
+)
 
 
 def train_args(corpus: Path, workdir: Path, steps: int, *extra: str) -> list[str]:
-    """`train` arguments for the one-layer tiny model on the reversal corpus: one bucket
-    shape of 16 rows × 8 tokens per update (one compiled train step)."""
-    return [
-        "train",
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
-        "--config.data.max_length=8",
-        "--config.data.tokens_per_batch=128",
-        "--config.model.vocab_size=32",
-        "--config.model.num_layers=1",
-        f"--config.train.num_steps={steps}",
+    """`train` arguments for the one-layer tiny model on the reversal corpus (one compiled
+    train step), without evaluation or pre-flight, compiled at FAST_COMPILE."""
+    return tiny_train_args(
+        workdir,
+        corpus,
+        steps,
         "--config.train.eval_every_steps=0",
         "--config.train.memory_preflight=false",
         FAST_COMPILE,
         *extra,
-    ]
+    )
+
+
+def write_corpus(directory: Path) -> Path:
+    """Train pairs of 2-5 letters and their reversal (one bucket shape at max_length 8)."""
+    return write_reversal_corpus(directory, train=CORPUS_PAIRS, dev=0)
 
 
 def job_env(cache: Path, **extra: str) -> dict[str, str]:

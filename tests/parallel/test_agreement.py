@@ -20,14 +20,15 @@ import numpy as np
 import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.config.parallel import ParallelConfig
 from attnmt.parallel.agreement import any_process, sum_over_processes
-from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
 from attnmt.train.program import abstract_state
 from attnmt.workdir import load_run
-from tests.parallel.conftest import REFERENCE_OVERRIDES, REFERENCE_STEPS
 from tests.parallel.jobs import (
     PROBE,
+    REFERENCE_OVERRIDES,
+    REFERENCE_STEPS,
     job_env,
     read_probes,
     run_job,

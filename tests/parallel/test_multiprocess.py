@@ -25,8 +25,7 @@ from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
 from attnmt.workdir import load_run
 from tests.equivalence import assert_same_updates, initial_params
-from tests.parallel.conftest import REFERENCE_STEPS, write_corpus
-from tests.parallel.jobs import REPO, TIMEOUT_S, job_env, train_args
+from tests.parallel.jobs import REFERENCE_STEPS, REPO, TIMEOUT_S, job_env, train_args, write_corpus
 
 STEPS = 6
 

@@ -4,14 +4,13 @@ import math
 
 import pytest
 
-from attnmt.cli.config_file import load_config_file
+from attnmt.config import load_experiment
 from attnmt.data.batching import bucket_shapes
 from attnmt.errors import ConfigError
-from attnmt.experiment import Experiment
-from attnmt.parallel.budget import plan_batches
+from attnmt.parallel.batch_plan import plan_batches
 from attnmt.parallel.distributed import plan_from_environment
 from attnmt.train.inputs import batch_plan
-from tests.test_config import CONFIGS
+from tests.helpers import CONFIGS
 
 
 def test_explicit_coordinator_from_environment():
@@ -101,7 +100,7 @@ def test_the_paper_batch_is_planned_by_default_in_the_same_order_on_1_to_16_devi
     accumulated. The iterator draws updates from the update shapes alone, which are the
     same for every device count that divides data.batch_multiple (16): the same sentences
     make each update on 1, 4, 8 and 16 devices, however it is split."""
-    experiment = Experiment.from_mapping(load_config_file(str(CONFIGS / config)))
+    experiment = load_experiment(str(CONFIGS / config))
     assert experiment.data.batch_multiple == 16
     plans = {devices: batch_plan(experiment, devices, 1) for devices in (1, 4, 8, 16)}
     for devices, plan in plans.items():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.equivalence import assert_same_losses, assert_same_updates, initial_params
-from tests.train.test_end_to_end import _experiment, _overrides, write_reversal_corpus
+from tests.helpers import reversal_overrides, tiny_experiment, write_reversal_corpus
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devices")
 STEPS = 8
@@ -21,7 +21,7 @@ def _run(corpus, workdir, steps, devices, parallel, dropout):
     from attnmt.train.assemble import build_trainer
 
     overrides = [
-        *_overrides(corpus, steps),
+        *reversal_overrides(corpus, steps),
         f"--config.model.dropout_rate={dropout}",
         "--config.optim.algorithm=sgd",
         "--config.train.memory_preflight=false",
@@ -31,7 +31,7 @@ def _run(corpus, workdir, steps, devices, parallel, dropout):
         f"--config.parallel.num_devices={devices}",
         *parallel,
     ]
-    trainer = build_trainer(_experiment(overrides), workdir)
+    trainer = build_trainer(tiny_experiment(overrides), workdir)
     data_state = trainer.train_batches.get_state()
     start = jax.device_get(trainer.state.params)
     result = trainer.run()

@@ -9,21 +9,19 @@ import jax
 import numpy as np
 import pytest
 
-from attnmt.data.config import DataConfig
+from attnmt.common import EOS_ID, PAD_ID
+from attnmt.config.data import DataConfig
+from attnmt.config.experiment import Experiment
+from attnmt.config.parallel import ParallelConfig
+from attnmt.config.train import OptimConfig
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
-from attnmt.experiment import Experiment
-from attnmt.model.config import ModelConfig
-from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh, mesh_shape
 from attnmt.parallel.sharding import bytes_per_device, put_batch
-from attnmt.special_tokens import EOS_ID, PAD_ID
-from attnmt.train.config import OptimConfig
 from attnmt.train.program import build_program
 from tests.equivalence import assert_same_losses, assert_same_updates
+from tests.helpers import tiny_model
 
-CONFIG = ModelConfig(
-    vocab_size=32, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=1, dropout_rate=0.1
-)
+CONFIG = tiny_model(vocab_size=32, d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.1)
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (fake) devices")
 
 

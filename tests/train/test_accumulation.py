@@ -22,7 +22,7 @@ from attnmt.train import step as steps
 from attnmt.train.assemble import build_trainer
 from attnmt.train.optim import make_optimizer, paper_schedule
 from tests.equivalence import assert_same_losses, assert_same_updates
-from tests.train.test_end_to_end import _experiment, _overrides, reversal_corpus  # noqa: F401
+from tests.helpers import reversal_overrides, tiny_experiment
 
 
 def _reference_update(experiment, state, batch):
@@ -40,12 +40,12 @@ def _reference_update(experiment, state, batch):
 
 @pytest.mark.parametrize("micro_batches", [2, 3])
 def test_trainer_accumulates_micro_batches_like_one_batch(
-    reversal_corpus,  # noqa: F811
+    reversal_corpus,
     tmp_path,
     micro_batches,
 ):
     overrides = [
-        *_overrides(reversal_corpus, 1),
+        *reversal_overrides(reversal_corpus, 1),
         "--config.optim.algorithm=sgd",
         "--config.data.tokens_per_batch=384",
         f"--config.train.grad_accum_steps={micro_batches}",
@@ -54,7 +54,7 @@ def test_trainer_accumulates_micro_batches_like_one_batch(
         "--config.train.eval_every_steps=0",
         "--config.parallel.num_devices=1",
     ]
-    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
+    trainer = build_trainer(tiny_experiment(overrides), tmp_path / "run")
     assert trainer.accumulation_steps == micro_batches
     before = jax.device_get(trainer.state)  # the run donates its state buffers
     position = trainer.train_batches.get_state()

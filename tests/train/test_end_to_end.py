@@ -1,7 +1,6 @@
 """A tiny model learns a synthetic reversal task, checkpoints, and evaluates with BLEU."""
 
 import json
-import random
 import re
 import time
 
@@ -11,57 +10,18 @@ import pytest
 import sacrebleu
 
 from attnmt.checkpoint.manager import CheckpointManager
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
 from attnmt.cli.main import main
-from attnmt.experiment import Experiment
-from attnmt.special_tokens import PAD_ID
+from attnmt.common import PAD_ID
 from attnmt.train.assemble import build_trainer
 from tests.equivalence import assert_same_losses, assert_same_updates
-from tests.test_config import CONFIGS
-
-LETTERS = ["a", "b", "c", "d", "e", "f", "g", "h"]
-
-
-def write_reversal_corpus(directory):
-    """train (1500) and dev (64) pairs of 2-5 letters and their reversal."""
-    rng = random.Random(0)
-    for split, count in (("train", 1500), ("dev", 64)):
-        lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
-        (directory / f"{split}.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
-        (directory / f"{split}.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
-    return directory
-
-
-@pytest.fixture
-def reversal_corpus(tmp_path):
-    return write_reversal_corpus(tmp_path)
-
-
-def _overrides(corpus, steps):
-    return [
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
-        "--config.data.max_length=16",
-        "--config.model.vocab_size=32",
-        f"--config.train.num_steps={steps}",
-        "--config.train.eval_every_steps=1000",
-        "--config.train.checkpoint_every_steps=60",
-        "--config.optim.warmup_steps=40",
-        "--config.optim.learning_rate_scale=0.5",
-    ]
-
-
-def _experiment(overrides):
-    config = load_config_file(str(CONFIGS / "tiny.py"))
-    apply_command_line_overrides(config, overrides)
-    return Experiment.from_mapping(config)
+from tests.helpers import TINY_CONFIG, reversal_overrides, tiny_experiment
 
 
 @pytest.mark.slow
 def test_train_learns_checkpoints_and_evaluates(reversal_corpus, tmp_path, capsys):
     # Resuming is proven bit for bit, through the real command, in test_resilience.py.
     workdir = tmp_path / "run"
-    trainer = build_trainer(_experiment(_overrides(reversal_corpus, 120)), workdir)
+    trainer = build_trainer(tiny_experiment(reversal_overrides(reversal_corpus, 120)), workdir)
     initial = trainer.evaluate()
     result = trainer.run()
     assert result.step == 120
@@ -93,7 +53,7 @@ def test_train_learns_checkpoints_and_evaluates(reversal_corpus, tmp_path, capsy
 
 
 def test_cli_refuses_a_bad_key_without_traceback(capsys):
-    code = main(["params", "--config", str(CONFIGS / "tiny.py"), "--config.model.d_ff=0"])
+    code = main(["params", "--config", str(TINY_CONFIG), "--config.model.d_ff=0"])
     assert code == 2
     assert "model.d_ff" in capsys.readouterr().err
 
@@ -113,7 +73,7 @@ def test_cli_refuses_workdirs_that_cannot_work_before_writing_anything(
     monkeypatch.chdir(tmp_path)
     argv = [command, "--workdir", workdir]
     if command == "train":
-        argv += ["--config", str(CONFIGS / "tiny.py")]
+        argv += ["--config", str(TINY_CONFIG)]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
@@ -175,7 +135,7 @@ def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path
     measured run) and the peak the run was told, times the devices the mesh spans."""
     peak_tflops = 0.002
     overrides = [
-        *_overrides(reversal_corpus, 6),
+        *reversal_overrides(reversal_corpus, 6),
         "--config.data.max_length=8",  # one bucket shape: one compile
         "--config.parallel.num_devices=2",  # a mesh over 2 of the 8 devices
         "--config.train.eval_every_steps=0",
@@ -186,7 +146,7 @@ def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path
         "--config.train.profile_first_step=2",
         "--config.train.profile_num_steps=2",
     ]
-    experiment = _experiment(overrides)
+    experiment = tiny_experiment(overrides)
     trainer = build_trainer(experiment, tmp_path / "run")
     recorder = _RecordingBatches(trainer.train_batches)
     trainer.train_batches = recorder
@@ -221,7 +181,7 @@ def test_logs_model_flops_and_mfu_and_writes_a_profile(reversal_corpus, tmp_path
 
 def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, tmp_path, capsys):
     overrides = [
-        *_overrides(reversal_corpus, 60),
+        *reversal_overrides(reversal_corpus, 60),
         "--config.model.scan_layers=true",
         "--config.train.checkpoint_every_steps=30",
         # BLEU during training decodes the trainer's own (stacked) parameters.
@@ -229,7 +189,7 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
         "--config.train.bleu_max_sentences=8",
     ]
     workdir = tmp_path / "run"
-    trainer = build_trainer(_experiment(overrides), workdir)
+    trainer = build_trainer(tiny_experiment(overrides), workdir)
     initial = trainer.evaluate()
     trainer.run()
     assert trainer.evaluate()["nll"] < 0.7 * initial["nll"]
@@ -242,20 +202,20 @@ def test_scanned_layers_train_checkpoint_average_and_evaluate(reversal_corpus, t
 
 def test_backend_optimization_level_keeps_the_math(reversal_corpus, tmp_path):
     """Another XLA optimisation level may fuse and order float ops differently: SGD runs
-    agree within the rounding bounds of tests/equivalence.py. Level 3 is XLA's default (what
-    a user's run compiles with), held here to level 1. (The rest of the suite compiles at level
-0, where even the initial parameters' rounding differs from level 3: every test there
-compares with references or with runs compiled alike.)"""
+        agree within the rounding bounds of tests/equivalence.py. Level 3 is XLA's default (what
+        a user's run compiles with), held here to level 1. (The rest of the suite compiles at level
+    0, where even the initial parameters' rounding differs from level 3: every test there
+    compares with references or with runs compiled alike.)"""
     runs = []
     for level in ("3", "1"):
         overrides = [
-            *_overrides(reversal_corpus, 4),
+            *reversal_overrides(reversal_corpus, 4),
             "--config.optim.algorithm=sgd",
             "--config.train.eval_every_steps=0",
             "--config.train.log_every_steps=4",
             f"--config.train.xla_backend_optimization_level={level}",
         ]
-        trainer = build_trainer(_experiment(overrides), tmp_path / f"run{level}")
+        trainer = build_trainer(tiny_experiment(overrides), tmp_path / f"run{level}")
         start = jax.device_get(trainer.state.params)
         runs.append((start, trainer.run().last_train["loss"], trainer.state.params))
     (start, loss, params), (other_start, other_loss, other_params) = runs
@@ -271,14 +231,14 @@ compares with references or with runs compiled alike.)"""
 
 @pytest.mark.parametrize("section", ["train", "decode"])
 def test_bad_backend_optimization_level_names_the_key(section, capsys):
-    argv = ["params", "--config", str(CONFIGS / "tiny.py")]
+    argv = ["params", "--config", str(TINY_CONFIG)]
     assert main([*argv, f"--config.{section}.xla_backend_optimization_level=7"]) == 2
     assert f"{section}.xla_backend_optimization_level" in capsys.readouterr().err
 
 
 def test_packed_rows_train_and_evaluate_with_little_padding(reversal_corpus, tmp_path):
-    overrides = [*_overrides(reversal_corpus, 60), "--config.data.pack_length=16"]
-    trainer = build_trainer(_experiment(overrides), tmp_path / "run")
+    overrides = [*reversal_overrides(reversal_corpus, 60), "--config.data.pack_length=16"]
+    trainer = build_trainer(tiny_experiment(overrides), tmp_path / "run")
     ((rows, length),) = trainer.plan.update_shapes  # one compiled shape
     assert length == 16 and rows * length <= 512  # configs/tiny.py: 512 tokens per batch
     initial = trainer.evaluate()
@@ -294,8 +254,9 @@ def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, cap
     (reversal_corpus / "test.src").write_text((reversal_corpus / "dev.src").read_text())
     (reversal_corpus / "test.tgt").write_text((reversal_corpus / "dev.tgt").read_text())
     workdir = tmp_path / "run"
-    argv = ["train", "--config", str(CONFIGS / "tiny.py"), "--workdir", str(workdir)]
-    assert main([*argv, *_overrides(reversal_corpus, 30), "--config.decode.beam_size=2"]) == 0
+    argv = ["train", "--config", str(TINY_CONFIG), "--workdir", str(workdir)]
+    overrides = reversal_overrides(reversal_corpus, 30)
+    assert main([*argv, *overrides, "--config.decode.beam_size=2"]) == 0
     out = capsys.readouterr().out
     assert "stopped at step 30" in out
     (printed,) = (float(x) for x in re.findall(r"sacreBLEU\s+([0-9.]+)", out))
@@ -307,5 +268,5 @@ def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, cap
     assert "tokenized BLEU" in out
 
     (reversal_corpus / "test.src").unlink()  # a corpus without a test split: said, not fatal
-    assert main([*argv, *_overrides(reversal_corpus, 30)]) == 0
+    assert main([*argv, *reversal_overrides(reversal_corpus, 30)]) == 0
     assert "no test BLEU" in capsys.readouterr().out

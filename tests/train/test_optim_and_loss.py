@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from attnmt.special_tokens import PAD_ID
-from attnmt.train.config import OptimConfig
+from attnmt.common import PAD_ID
+from attnmt.config.train import OptimConfig
 from attnmt.train.loss import loss_sums, token_losses
 from attnmt.train.optim import make_optimizer, paper_schedule
 

@@ -7,32 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from attnmt.cli.config_file import apply_command_line_overrides, load_config_file
+from attnmt.config import Experiment
 from attnmt.errors import ConfigError
-from attnmt.experiment import Experiment
 from attnmt.model.param_count import count_parameters
 from attnmt.train.assemble import build_trainer
 from attnmt.train.loop import Trainer
 from attnmt.train.preflight import device_memory_limit, estimate_train_memory, memory_preflight
-from tests.test_config import CONFIGS
+from tests.helpers import corpus_paths, tiny_experiment
 
 
-def tiny_experiment(corpus: Path, *overrides: str) -> Experiment:
-    config = load_config_file(str(CONFIGS / "tiny.py"))
-    apply_command_line_overrides(
-        config,
+def _experiment(corpus: Path, *overrides: str) -> Experiment:
+    return tiny_experiment(
         [
-            f"--config.data.src_path={corpus}/{{split}}.src",
-            f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+            *corpus_paths(corpus),
             "--config.data.max_length=16",
             "--config.data.tokens_per_batch=256",
             "--config.model.vocab_size=32",
             "--config.model.num_layers=1",  # the checks do not depend on depth; compiles do
             "--config.train.eval_every_steps=0",
             *overrides,
-        ],
+        ]
     )
-    return Experiment.from_mapping(config)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +44,7 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trainer(corpus, tmp_path_factory) -> Trainer:
-    experiment = tiny_experiment(corpus, "--config.train.memory_preflight=false")
+    experiment = _experiment(corpus, "--config.train.memory_preflight=false")
     # The switch is honoured: even a 1-byte limit is not checked.
     return build_trainer(experiment, tmp_path_factory.mktemp("run"), memory_limit_bytes=1)
 
@@ -101,7 +96,7 @@ def test_a_step_that_cannot_fit_is_refused_naming_what_to_change(trainer):
 
 def test_the_trainer_refuses_before_any_step(corpus, tmp_path):
     with pytest.raises(ConfigError, match="memory pre-flight: one training step"):
-        build_trainer(tiny_experiment(corpus), tmp_path, memory_limit_bytes=100_000)
+        build_trainer(_experiment(corpus), tmp_path, memory_limit_bytes=100_000)
     assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
 
 
@@ -151,7 +146,7 @@ def test_training_runs_the_step_the_preflight_compiled(corpus, tmp_path):
 
     from attnmt.parallel.sharding import put_batch
 
-    trainer = build_trainer(tiny_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
+    trainer = build_trainer(_experiment(corpus), tmp_path / "run")  # pre-flight on (default)
     tokens, batch = _longest_batch(trainer)
     compiles = _count_compiles()
     state, _ = trainer.program.train_step(trainer.state, batch)
@@ -167,7 +162,7 @@ def test_the_preflight_checks_the_micro_batch_the_batch_plan_accumulates(corpus,
     which training then runs without compiling it again."""
     import jax
 
-    experiment = tiny_experiment(
+    experiment = _experiment(
         corpus, "--config.train.max_tokens_per_device=64", "--config.parallel.num_devices=1"
     )
     trainer = build_trainer(experiment, tmp_path / "run")

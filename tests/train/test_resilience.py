@@ -30,16 +30,15 @@ import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
+from attnmt.config.parallel import ParallelConfig
 from attnmt.data.pipeline import BatchIterator
-from attnmt.parallel.config import ParallelConfig
 from attnmt.parallel.mesh import make_mesh
 from attnmt.train import step as steps
 from attnmt.train.loop import Trainer
 from attnmt.train.program import abstract_state
 from attnmt.workdir import load_run
-from tests.test_config import CONFIGS
+from tests.helpers import tiny_train_args, write_reversal_corpus
 
-LETTERS = list("abcdefgh")
 NUM_STEPS = 30
 EVERY = 5  # checkpoint cadence in steps
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, see README "Guarantees"
@@ -48,12 +47,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM, see README "Guarantees"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """A reversal task with one bucket shape, so each run compiles a single train step."""
-    root = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(1500)]
-    (root / "train.src").write_text("\n".join(" ".join(s) for s in lines) + "\n")
-    (root / "train.tgt").write_text("\n".join(" ".join(s[::-1]) for s in lines) + "\n")
-    return root
+    return write_reversal_corpus(tmp_path_factory.mktemp("corpus"), train=1500, dev=0)
 
 
 @pytest.fixture(scope="module")
@@ -74,23 +68,16 @@ def train_command(workdir: Path, corpus: Path, *extra: str) -> list[str]:
         sys.executable,
         "-m",
         "attnmt.cli.main",
-        "train",
-        "--config",
-        str(CONFIGS / "tiny.py"),
-        "--workdir",
-        str(workdir),
-        f"--config.data.src_path={corpus}/{{split}}.src",
-        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
-        "--config.data.max_length=8",
-        "--config.data.tokens_per_batch=128",
-        "--config.model.vocab_size=32",
-        "--config.model.num_layers=1",  # compiles faster; nothing here depends on depth
-        "--config.model.dropout_rate=0.1",  # exercise the per-step dropout keys
-        f"--config.train.num_steps={NUM_STEPS}",
-        "--config.train.eval_every_steps=0",
-        "--config.train.log_every_steps=1",  # a log line per step tells the test where it is
-        f"--config.train.checkpoint_every_steps={EVERY}",
-        *extra,
+        *tiny_train_args(
+            workdir,
+            corpus,
+            NUM_STEPS,
+            "--config.model.dropout_rate=0.1",  # exercise the per-step dropout keys
+            "--config.train.eval_every_steps=0",
+            "--config.train.log_every_steps=1",  # a log line per step tells the test where it is
+            f"--config.train.checkpoint_every_steps={EVERY}",
+            *extra,
+        ),
     ]
 
 

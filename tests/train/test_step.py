@@ -1,22 +1,21 @@
 """Gradient accumulation equals one big batch; non-finite updates are skipped."""
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnmt.model.config import ModelConfig
+from attnmt.common import EOS_ID, PAD_ID
+from attnmt.config.train import OptimConfig
 from attnmt.model.transformer import Transformer
-from attnmt.special_tokens import EOS_ID, PAD_ID
 from attnmt.train import step as steps
-from attnmt.train.config import OptimConfig
 from attnmt.train.optim import make_optimizer, paper_schedule
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL, assert_same_updates
+from tests.helpers import tiny_model
 
-CONFIG = ModelConfig(
-    vocab_size=20, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=1, dropout_rate=0.0
-)
+CONFIG = tiny_model(vocab_size=20, num_layers=1)
 
 
 def _batch(rng, rows, length):
@@ -117,7 +116,7 @@ def test_rbg_dropout_keys_are_deterministic_and_drop_at_the_configured_rate():
 
 
 def test_rbg_dropout_train_step_learns_and_repeats_exactly():
-    config = ModelConfig(**{**CONFIG.__dict__, "dropout_rate": 0.3})
+    config = dataclasses.replace(CONFIG, dropout_rate=0.3)
     model = Transformer(config)
     optimizer = make_optimizer(OptimConfig(warmup_steps=10), config.d_model)
     schedule = paper_schedule(config.d_model, 10)

@@ -1,0 +1,333 @@
+"""What many test files build alike: tiny model configs, tiny corpora (the letter-reversal
+task, a synthetic English-German corpus, the interop word-for-word task), the arguments and
+overrides of a tiny `attnmt train` run, small checkpoint states, the attention figures'
+file names and an independent tree check. Test modules import from here (or from the
+helper modules beside them), never from each other or from a conftest.py."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnmt.config import Experiment, load_experiment
+from attnmt.config.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+TINY_CONFIG = CONFIGS / "tiny.py"
+
+# ---- tiny models ------------------------------------------------------------------------
+
+# The tiny literal most tests used; each caller passes what its own model differs in.
+_TINY_MODEL: dict[str, Any] = {
+    "vocab_size": 24,
+    "d_model": 16,
+    "d_ff": 32,
+    "num_heads": 2,
+    "d_k": 8,
+    "d_v": 8,
+    "num_layers": 2,
+    "dropout_rate": 0.0,
+}
+
+
+def tiny_model(**changes: Any) -> ModelConfig:
+    """A two-layer width-16 Transformer without dropout, with `changes` applied."""
+    return ModelConfig(**{**_TINY_MODEL, **changes})
+
+
+# A one-layer width-32 Transformer: any config becomes a model that compiles in seconds.
+TINY_MODEL_OVERRIDES = [
+    "--config.model.d_model=32",
+    "--config.model.d_ff=64",
+    "--config.model.num_heads=2",
+    "--config.model.d_k=16",
+    "--config.model.d_v=16",
+    "--config.model.num_layers=1",
+]
+
+# ---- tiny corpora -----------------------------------------------------------------------
+
+LETTERS = "abcdefgh"
+
+
+def reversal_text(rng: random.Random, count: int) -> tuple[str, str]:
+    """`count` lines of 2-5 letters, and the same lines reversed (the target side)."""
+    lines = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
+    src = "".join(" ".join(s) + "\n" for s in lines)
+    return src, "".join(" ".join(s[::-1]) + "\n" for s in lines)
+
+
+def write_reversal_corpus(directory: Path, train: int = 1500, dev: int = 64) -> Path:
+    """train.{src,tgt} and dev.{src,tgt} of the reversal task (a split of 0 pairs is not
+    written), drawn from one Random(0) in that order."""
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", train), ("dev", dev)):
+        if count:
+            src, tgt = reversal_text(rng, count)
+            (directory / f"{split}.src").write_text(src)
+            (directory / f"{split}.tgt").write_text(tgt)
+    return directory
+
+
+# A tiny translation vocabulary's words (tests/decode/conftest.py).
+WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
+# Characters that end a line for some reader (str.splitlines, universal newlines) or that
+# text tools often mishandle; NEL (U+0085) even survives sentencepiece's normalisation, so
+# the test vocabulary holds a piece with it and the model can emit it.
+AWKWARD = ["\x00", "\r", "\n", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\ufeff"]
+
+
+# A small synthetic English-German corpus (tests/data).
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+EN_WORDS = _words("a man woman dog cat runs sits on the red blue big small street park ball")
+DE_WORDS = _words("ein mann frau hund katze läuft sitzt auf der rote blaue große kleine straße")
+
+
+def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Deterministic pseudo-sentences; words are single-spaced so text survives normalisation."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        k = rng.randint(1, 12)
+        en = " ".join(rng.choice(EN_WORDS) for _ in range(k))
+        de = " ".join(rng.choice(DE_WORDS) for _ in range(k + rng.randint(-1, 2) or 1))
+        pairs.append((en, de))
+    return pairs
+
+
+def interleave(pairs: list[tuple[str, str]]) -> list[str]:
+    """The sentences of `pairs`, source then target, pair by pair."""
+    return [s for pair in pairs for s in pair]
+
+
+def shared_data_dir() -> Path:
+    """Where the real (shared) data lives: $ATTNMT_DATA_DIR or <repo>/../shared/data."""
+    return Path(os.environ.get("ATTNMT_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+# ---- tiny runs --------------------------------------------------------------------------
+
+
+def corpus_paths(corpus: Path | str) -> list[str]:
+    """The data overrides that read `{split}.src` / `{split}.tgt` from `corpus`."""
+    return [
+        f"--config.data.src_path={corpus}/{{split}}.src",
+        f"--config.data.tgt_path={corpus}/{{split}}.tgt",
+    ]
+
+
+def tiny_train_args(workdir: Path | str, corpus: Path | str, steps: int, *extra: str) -> list[str]:
+    """`train` arguments for the one-layer configs/tiny.py model on a reversal corpus: one
+    bucket shape of 16 rows × 8 tokens per update (one compiled train step)."""
+    return [
+        "train",
+        "--config",
+        str(TINY_CONFIG),
+        "--workdir",
+        str(workdir),
+        *corpus_paths(corpus),
+        "--config.data.max_length=8",
+        "--config.data.tokens_per_batch=128",
+        "--config.model.vocab_size=32",
+        "--config.model.num_layers=1",  # compiles faster; nothing tested depends on depth
+        f"--config.train.num_steps={steps}",
+        *extra,
+    ]
+
+
+def corpus_overrides(corpus: Path) -> list[str]:
+    """Overrides for configs/tiny.py on a reversal corpus, kept fast: compiling is most of
+    a tiny run, so one bucket shape (max_length 8) and no memory pre-flight (which compiles
+    the step once more)."""
+    return [
+        *corpus_paths(corpus),
+        "--config.data.max_length=8",
+        "--config.model.vocab_size=32",
+        "--config.train.memory_preflight=false",
+    ]
+
+
+def reversal_overrides(corpus: Path, steps: int) -> list[str]:
+    """The in-process training runs' overrides: configs/tiny.py (two layers) learning the
+    reversal task of write_reversal_corpus."""
+    return [
+        *corpus_paths(corpus),
+        "--config.data.max_length=16",
+        "--config.model.vocab_size=32",
+        f"--config.train.num_steps={steps}",
+        "--config.train.eval_every_steps=1000",
+        "--config.train.checkpoint_every_steps=60",
+        "--config.optim.warmup_steps=40",
+        "--config.optim.learning_rate_scale=0.5",
+    ]
+
+
+def tiny_experiment(overrides: Sequence[str]) -> Experiment:
+    """configs/tiny.py with `overrides` (`--config.a.b=v` items)."""
+    return load_experiment(str(TINY_CONFIG), overrides)
+
+
+# ---- a word-for-word task (tests/interop) ----------------------------------------------
+
+# A word-for-word "translation" task the tiny reference MarianMTModel learns in a few
+# hundred updates (tests/interop/conftest.py).
+EN = "a man woman dog cat is are runs sits on the in blue red green street park ball".split()  # noqa: SIM905
+DE = [
+    "ein",
+    "mann",
+    "frau",
+    "hund",
+    "katze",
+    "ist",
+    "sind",
+    "läuft",
+    "sitzt",
+    "auf",
+    "der",
+    "im",
+    "blauen",
+    "roten",
+    "grünen",
+    "straße",
+    "park",
+    "ball",
+]
+DICTIONARY = dict(zip(EN, DE, strict=True))
+
+
+def sentences(words: list[str], n: int, seed: int) -> list[str]:
+    """`n` sentences of 2-9 of `words`, each ending " ."."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) + " ." for _ in range(n)]
+
+
+def translation(sentence: str) -> str:
+    """The task's reference translation: each word looked up in DICTIONARY."""
+    return " ".join(DICTIONARY.get(word, word) for word in sentence.split())
+
+
+def write_word_task_corpus(folder: Path, splits: Mapping[str, list[str]]) -> Path:
+    """{split}.en holding each split's sentences and {split}.de their translations."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, lines in splits.items():
+        (folder / f"{split}.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        translated = "\n".join(map(translation, lines)) + "\n"
+        (folder / f"{split}.de").write_text(translated, encoding="utf-8")
+    return folder
+
+
+# float32 through 2+2 layers of width 32 (d_ff 64): rounding errors of mixed sign grow like
+# √n·u per dot product of n terms (u = 2^-24; Higham §2.8), and each logit ends a chain of
+# about 40 of them (10 sublayers of about 4 matmul stages, each followed by a LayerNorm that
+# keeps activations at unit scale), so each implementation is within about
+# √40·√64·u ≈ 3e-6 of exact, relative to logits of size ≤ 10: 3e-5, twice that for the
+# difference of two. 1e-4 leaves room and still catches any wrong weight, layout or option
+# (those move logits by 1e-2 or more). Measured: 5e-6 to 6e-6.
+LOGIT_ATOL = 1e-4
+
+SOURCES = sentences(EN, 12, seed=7)  # what the interop tests translate and score
+
+
+def translate_cli(workdir: Path, folder: Path, *flags: str) -> list[str]:
+    """`attnmt translate` of SOURCES (XLA level 0: a shorter compile, the same math)."""
+    from attnmt.cli.main import main
+
+    source, target = folder / "in.txt", folder / "out.txt"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    args = ["translate", "--workdir", str(workdir), "--input", str(source), "--xla-opt-level"]
+    assert main([*args, "0", "--output", str(target), *flags]) == 0
+    return target.read_text(encoding="utf-8").splitlines()
+
+
+# ---- small checkpoint states ------------------------------------------------------------
+
+
+def state_at(step: int) -> dict:
+    """A small train state whose every value says which step saved it."""
+    return {
+        "params": {"w": jnp.full((16, 8), step, jnp.float32), "b": jnp.arange(8) + step},
+        "step": jnp.asarray(step, jnp.int32),
+    }
+
+
+def data_at(step: int) -> dict:
+    return {"epoch": step // 3, "index": step % 3, "seed": 7}
+
+
+ABSTRACT = jax.eval_shape(lambda: state_at(0))
+
+
+def assert_is_step(restored: tuple, step: int) -> None:
+    """`restored` (step, state, data, config) is what `step` saved, with every value."""
+    got_step, state, data, config = restored
+    assert got_step == step
+    want_leaves = jax.tree_util.tree_leaves(state_at(step))
+    for got, want in zip(jax.tree_util.tree_leaves(state), want_leaves, strict=True):
+        assert np.array_equal(got, want)
+    assert data == data_at(step)
+    assert config == {"written_at": step}
+
+
+# ---- attention figures ----------------------------------------------------------------
+
+
+def expected_kind_files(kind: str, layers, heads, query: int) -> set[str]:
+    """The figure files `attnmt attention` writes for one attention kind (1-based numbers)."""
+    names = {f"{kind}_model.png"}
+    for layer in layers:
+        names |= {f"{kind}_layer{layer}.png", f"{kind}_layer{layer}_query{query}.png"}
+        names |= {f"{kind}_layer{layer}_head{head}.png" for head in heads}
+    return names
+
+
+# ---- trees ------------------------------------------------------------------------------
+
+
+def tree_leaves(tokens: tuple[str, ...], closers: frozenset[str] | None = None) -> int | None:
+    """Independent check: the number of leaves of `tokens` if they are one tree (one root,
+    balanced brackets, every constituent non-empty, leaves only inside the root), else None.
+    A closing bracket must carry its constituent's label; one whose label has no closing
+    piece (not in `closers`; None: every label has one) may be closed by any of them."""
+    stack: list[tuple[str, int]] = []  # (label, children so far)
+    closed_root = False
+    count = 0
+    for token in tokens:
+        if closed_root:
+            return None
+        if token.startswith("("):
+            if stack:
+                stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            elif count:
+                return None
+            stack.append((token[1:], 0))
+        elif token.startswith(")"):
+            if not stack or stack[-1][1] == 0:
+                return None
+            label = stack[-1][0]
+            if token[1:] != label and (closers is None or label in closers):
+                return None
+            stack.pop()
+            closed_root = not stack
+        else:
+            if not stack:
+                return None
+            stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            count += 1
+    return count if closed_root else None
+
+
+def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
+    """One tree, labels matched, with exactly `leaves` leaves."""
+    return tree_leaves(tokens) == leaves
