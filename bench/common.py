@@ -236,7 +236,7 @@ def machine_info() -> dict[str, Any]:
 
     devices = jax.devices()
     info: dict[str, Any] = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         # A load average near the core count means another process competes for the CPU

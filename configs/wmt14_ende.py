@@ -42,8 +42,29 @@ def wmt14_config(pair: str, arg: str | None) -> ml_collections.ConfigDict:
     config.train.max_tokens_per_device = 4096
     apply_variant(config, args["variant"], pair)
     if args["runlocal"]:
-        shrink_for_cpu(config)
+        shrink_for_cpu(config)  # a CPU: float32 and threefry, the defaults, stay
+    else:
+        accelerator_defaults(config)
     return config
+
+
+def accelerator_defaults(config: ml_collections.ConfigDict) -> None:
+    """What the recipe runs on a TPU or GPU; `runlocal=true` (a CPU) keeps the defaults.
+
+    bfloat16 compute (parameters stay float32): the time and cost of docs/REPRODUCING.md
+    are computed from dense bfloat16 peaks (v4 275, H100 989 TFLOP/s per chip), which
+    float32 matmuls do not reach. Speed-up unmeasured here: BENCHMARKS.md §6 (bench/gpu.py)
+    has not yet been run on a GPU; on the CPU of BENCHMARKS.md bfloat16 is slow (no
+    bfloat16 instructions), hence float32 for runlocal.
+    rbg dropout masks (XLA's RngBitGenerator, train/step.py): unmeasured on accelerators
+    here; on that CPU no gain was measured (Multi30K: 1,148 and 1,158 target tokens/s
+    against 1,177 with threefry, BENCHMARKS.md's table of changes). Cost: resume stays
+    bit-exact on the same mesh, but resuming on another device count may draw other masks
+    (README, "Resume on another device count"); --config.train.dropout_rng=threefry keeps
+    the masks the same on every mesh.
+    """
+    config.model.dtype = "bfloat16"
+    config.train.dropout_rng = "rbg"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

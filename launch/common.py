@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from attnmt.errors import ConfigError
 from attnmt.config.overrides import OVERRIDE_PREFIX
 from attnmt.config.overrides import split_overrides as _split_overrides
+from attnmt.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEREDOC_END = "ATTNMT_EOF"

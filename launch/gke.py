@@ -26,6 +26,22 @@ restarts the whole set (--max-restarts) and training resumes from the newest che
 the workdir must be storage every pod shares (above). The image has attnmt installed and the
 repository's configs/ in its working directory (the Dockerfile's WORKDIR; --working-dir
 overrides it).
+
+A JobSet needs the JobSet controller in the cluster, which a new GKE cluster does not have
+(`kubectl apply` then answers 'no matches for kind "JobSet"'). Install it once per cluster:
+
+    kubectl apply --server-side -f \
+        https://github.com/kubernetes-sigs/jobset/releases/download/$JOBSET_VERSION/manifests.yaml
+    kubectl get crd jobsets.jobset.x-k8s.io        # present once installed
+
+with JOBSET_VERSION a release from https://github.com/kubernetes-sigs/jobset/releases. A
+JobSet rather than a bare Indexed Job: it restarts every pod of the slice when one fails
+(a bare Job would leave the others waiting in a collective) and keeps a TPU slice on one
+node pool (exclusive topology).
+
+GPU pods get LD_LIBRARY_PATH=/usr/local/nvidia/lib64, where GKE mounts the NVIDIA driver;
+without it the CUDA plugin cannot load libcuda.so.1 and JAX runs on the CPU. (The image
+puts /usr/local/nvidia/bin on PATH itself; a pod's PATH would replace the image's whole.)
 """
 
 from __future__ import annotations
@@ -62,6 +78,8 @@ GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 # implicit-dirs: see folders made by other clients. rename-dir-limit: Orbax commits a
 # checkpoint by renaming its temporary folder, which gcsfuse refuses by default.
 GCSFUSE_MOUNT_OPTIONS = "implicit-dirs,rename-dir-limit=200000"
+# Where GKE's GPU nodes mount the NVIDIA driver libraries into every GPU container.
+NVIDIA_LIBRARY_PATH = "/usr/local/nvidia/lib64"
 
 
 def hosts(options: argparse.Namespace) -> int:
@@ -88,7 +106,10 @@ def jobset_name(options: argparse.Namespace, run: Run) -> str:
 
 
 def _environment(options: argparse.Namespace, name: str, count: int) -> list[dict[str, Any]]:
-    env = [{"name": k, "value": v} for k, v in parse_env(options.env).items()]
+    given = parse_env(options.env)
+    env = [{"name": k, "value": v} for k, v in given.items()]
+    if options.gpu_type and "LD_LIBRARY_PATH" not in given:
+        env.append({"name": "LD_LIBRARY_PATH", "value": NVIDIA_LIBRARY_PATH})
     if options.gpu_type and count > 1:
         coordinator = f"{name}-{REPLICATED_JOB}-0-0.{name}:{options.coordinator_port}"
         env += [

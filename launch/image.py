@@ -40,6 +40,10 @@ from launch.common import (
 IMAGE_NAME = "attnmt"
 REGISTRY_ENV = "ATTNMT_REGISTRY"
 ACCELERATORS = ("cpu", "cuda", "tpu")  # the Dockerfile's ACCELERATOR values
+# GKE's GPU and TPU nodes are x86-64. Named always, so that a build on an Arm laptop makes an
+# image the nodes can run (docker then emulates or cross-builds) instead of one that fails
+# there with "exec format error"; the TPU image cannot build for Arm at all (no libtpu).
+PLATFORM = "linux/amd64"
 
 
 def head_commit() -> str:
@@ -81,7 +85,7 @@ def build_commands(options: argparse.Namespace) -> list[Command]:
     build = ["docker", "build", "--build-arg", f"ACCELERATOR={options.accelerator}"]
     if options.extras is not None:
         build += ["--build-arg", f"EXTRAS={options.extras}"]
-    build += ["--tag", tag, "-"]
+    build += ["--platform", PLATFORM, "--tag", tag, "-"]
     # pipefail: a failed `git archive` must fail the build, not feed it an empty context.
     commands = [command("bash", "-c", f"set -o pipefail; {archive} | {shlex.join(build)}")]
     if options.push:
@@ -99,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(REGISTRY_ENV),
         help=f"e.g. us-docker.pkg.dev/PROJECT/REPO (default: ${REGISTRY_ENV})",
     )
-    parser.add_argument("--extras", default=None, help="attnmt extras (Dockerfile default: tfds)")
+    parser.add_argument(
+        "--extras",
+        default=None,
+        help="attnmt extras (Dockerfile default: tfds,gcs; keep gcs for gs:// workdirs)",
+    )
     parser.add_argument("--no-push", dest="push", action="store_false", help="build only")
     add_dry_run_argument(parser)
     return parser

@@ -1,8 +1,17 @@
 """A SLURM batch script for multi-node GPU training, submitted with `sbatch` (on stdin).
 
     python launch/slurm.py --nodes 2 --gpus-per-node 8 --partition gpu --time 24:00:00 \
-        --setup 'source ~/venv/bin/activate' \
+        --setup 'source ~/attnmt-venv/bin/activate' \
         --config configs/wmt14_ende.py:variant=big --workdir /shared/runs/ende_big
+
+The environment --setup activates must be on storage every node sees, with Python 3.11 and
+the tested CUDA set, made once from a checkout (pip install uv first):
+
+    uv venv --python 3.11 ~/attnmt-venv
+    uv pip install --python ~/attnmt-venv/bin/python --constraint constraints/cuda12.txt \
+        -e '.[tfds,gcs]' 'jax[cuda12]'
+
+(gcs only for a gs:// workdir; the launcher warns when one is used.)
 
 `srun` starts one attnmt process per GPU (default) and JAX joins them from the SLURM_*
 variables, each process taking the GPU of its SLURM_LOCALID. `--tasks node` starts one per
@@ -29,6 +38,7 @@ from launch.common import (
     command,
     parse_env,
     single_run_main,
+    url_scheme,
 )
 
 TOOL = "sbatch"
@@ -89,6 +99,12 @@ def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
         print(
             "launch: warning: --tasks node: JAX's SLURM detection pins each process to one GPU "
             "(local_device_ids=[SLURM_LOCALID]); use --tasks gpu unless attnmt sets them",
+            file=sys.stderr,
+        )
+    if url_scheme(run.workdir) == "gs":
+        print(
+            "launch: note: a gs:// workdir needs attnmt's gcs extra in the nodes' environment "
+            "(pip install '.[gcs]'), or attnmt stops with 'needs the gcsfs package'",
             file=sys.stderr,
         )
     # SLURM does not create the directory of --output; the job would fail to start.

@@ -1,6 +1,8 @@
 """Cloud TPU VM slices through `gcloud compute tpus tpu-vm`: create, install, mount, run,
-logs, stop, delete. Every worker of a slice runs the same command (`--worker=all`); JAX finds
-its peers from the TPU metadata itself, so no coordinator variables are needed.
+logs, stop, delete. Every worker of a slice runs the same command (`--worker=all`) with
+ATTNMT_CLUSTER=tpu_vm, which tells attnmt that this is a Cloud TPU VM slice: it then calls
+jax.distributed.initialize(), whose cluster detection finds the peers from the TPU metadata
+server (a Cloud TPU VM sets no TPU_WORKER_HOSTNAMES, unlike GKE).
 
     python launch/tpu_vm.py create  --tpu ende --zone us-central2-b --accelerator-type v4-32
     python launch/tpu_vm.py install --tpu ende --zone us-central2-b            # this repo's HEAD
@@ -14,6 +16,11 @@ its peers from the TPU metadata itself, so no coordinator variables are needed.
 Install ships the repository (configs included) to ~/attnmt on every worker: `--source repo`
 (default) copies `git archive HEAD` of this checkout, so commit first; `--source git` clones
 --git-url at --ref there; `--source wheel` installs --wheel and copies configs/ beside it.
+The runtime image's Python is 3.10 and attnmt needs 3.11 (jax 0.10, flax 0.12.8), so install
+puts uv in ~/.local (pip install --user) and makes a Python 3.11 environment ~/attnmt-venv
+(uv fetches that Python when the image lacks it), then installs attnmt with --extras (default
+tfds,gcs: gcs serves gs:// workdirs) and jax[tpu], held to constraints/tpu.txt, the tested
+set. `run` puts ~/attnmt-venv/bin first on PATH, so the default program is that Python's.
 A multi-host slice needs a workdir every worker shares, since each host writes its part of
 every checkpoint there: a gs:// path (attnmt writes the bucket itself, with the VM's service
 account), or a path under a mount every worker has at the same place. `mount` installs
@@ -56,8 +63,19 @@ from launch.common import (
 
 TOOL = "gcloud"
 GCLOUD = ("gcloud", "compute", "tpus", "tpu-vm")
-DEFAULT_PROGRAM = "python3 -m attnmt.cli.main"  # ~/.local/bin is not on a plain ssh's PATH
+# python3 of REMOTE_VENV, which `run` puts first on PATH (a console script in ~/.local/bin
+# would not be on a plain ssh's PATH).
+DEFAULT_PROGRAM = "python3 -m attnmt.cli.main"
 REMOTE_REPO = "attnmt"  # under the remote home
+REMOTE_VENV = "attnmt-venv"  # under the remote home: the Python 3.11 environment
+# The uv that made constraints/*.txt; it makes the environment and installs into it.
+UV_REQUIREMENT = "uv==0.13.9"
+REMOTE_UV = ".local/bin/uv"  # where `pip install --user` puts it, under the remote home
+DEFAULT_PYTHON = "3.11"  # the Python constraints/tpu.txt was resolved for
+DEFAULT_EXTRAS = "tfds,gcs"
+DEFAULT_CONSTRAINTS = "constraints/tpu.txt"  # relative to the shipped repository
+# Set on every worker: attnmt.parallel.distributed reads it as "a Cloud TPU VM slice".
+CLUSTER_ENV = {"ATTNMT_CLUSTER": "tpu_vm"}
 REMOTE_LOGS = "attnmt-logs"
 ARCHIVE_NAME = "attnmt-src.tar.gz"
 # Runtime images by accelerator family (Cloud TPU docs: "TPU software versions").
@@ -96,11 +114,22 @@ def _home(path: str) -> str:
 
 
 def _pip_install(path: str, options: argparse.Namespace, editable: bool = False) -> str:
-    """pip install of ~/<path> with --extras, plus the accelerator's jax (--jax)."""
+    """uv, a Python --python environment, then ~/<path> with --extras and the accelerator's
+    jax (--jax) installed into it under --constraints."""
+    uv = _home(REMOTE_UV)
+    venv = _home(REMOTE_VENV)
     extras = f"[{options.extras}]" if options.extras else ""
     target = ("-e " if editable else "") + _home(path + extras)
     jax = f" {shlex.quote(options.jax)}" if options.jax else ""
-    return f"python3 -m pip install --quiet {target}{jax}"
+    constraint = ""
+    if options.constraints:
+        constraint = f" --constraint {_home(REMOTE_REPO + '/' + options.constraints)}"
+    return (
+        f"python3 -m pip install --quiet --user {shlex.quote(UV_REQUIREMENT)}"
+        f" && {uv} venv --quiet --allow-existing --python {shlex.quote(options.python)} {venv}"
+        f" && {uv} pip install --quiet --python {_home(REMOTE_VENV + '/bin/python')}"
+        f"{constraint} {target}{jax}"
+    )
 
 
 def install_commands(options: argparse.Namespace) -> list[Command]:
@@ -119,13 +148,14 @@ def install_commands(options: argparse.Namespace) -> list[Command]:
         if not options.wheel:
             raise LaunchError("--source wheel needs --wheel FILE")
         wheel = Path(options.wheel).name
-        configs = str(REPO_ROOT / "configs")
+        # configs/ for --config, constraints/ for the install itself.
+        folders = [str(REPO_ROOT / "configs"), str(REPO_ROOT / "constraints")]
         return [
             _ssh(options, f"mkdir -p {_home(REMOTE_REPO)}"),
             _gcloud("scp", [options.wheel, f"{options.tpu}:{wheel}"], options, "--worker=all"),
             _gcloud(
                 "scp",
-                [configs, f"{options.tpu}:{REMOTE_REPO}/"],
+                [*folders, f"{options.tpu}:{REMOTE_REPO}/"],
                 options,
                 "--worker=all",
                 "--recurse",
@@ -201,7 +231,12 @@ def commands_for_run(run: Run, options: argparse.Namespace) -> list[Command]:
     env = "".join(f"{k}={shlex.quote(v)} " for k, v in parse_env(options.env).items())
     train = shlex.join(run.train_argv(shlex.split(options.program)))
     log = _home(f"{REMOTE_LOGS}/{run.name}.log")
-    prefix = f"mkdir -p {_home(REMOTE_LOGS)} && cd {_home(REMOTE_REPO)} && "
+    # The environment install made comes first on PATH; --env can still override the rest.
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in CLUSTER_ENV.items())
+    path = f'PATH="$HOME/{REMOTE_VENV}/bin:$PATH"'
+    prefix = (
+        f"mkdir -p {_home(REMOTE_LOGS)} && cd {_home(REMOTE_REPO)} && export {path} {exports} && "
+    )
     if options.foreground:
         remote = f"set -o pipefail; {prefix}{env}{train} 2>&1 | tee -a {log}"
     else:
@@ -265,8 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--git-url", default=None)
     install.add_argument("--ref", default="main", help="branch, tag or commit (--source git)")
     install.add_argument("--wheel", default=None, help="a built attnmt wheel (--source wheel)")
-    install.add_argument("--extras", default="tfds", help="attnmt extras ('' for none)")
+    install.add_argument(
+        "--extras",
+        default=DEFAULT_EXTRAS,
+        help=f"attnmt extras (default {DEFAULT_EXTRAS}; gs:// workdirs need gcs; '' for none)",
+    )
     install.add_argument("--jax", default="jax[tpu]", help="accelerator jax ('' for none)")
+    install.add_argument(
+        "--python", default=DEFAULT_PYTHON, help="the environment's Python (uv fetches it)"
+    )
+    install.add_argument(
+        "--constraints",
+        default=DEFAULT_CONSTRAINTS,
+        help="pins, relative to the shipped repository ('' for none)",
+    )
 
     run = verbs.add_parser("run", help="start attnmt train on all workers")
     add_run_arguments(run, DEFAULT_PROGRAM)

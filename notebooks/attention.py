@@ -32,8 +32,10 @@
 # Layers and heads are numbered from 1 in titles, as in the paper, and from 0 in the code
 # (`layer=4` is "layer 5").
 #
-# The next cell installs attnmt where it is missing (e.g. on Colab). `ATTNMT_SOURCE` may
-# name where to install it from: a git URL or a folder instead of the package index.
+# The next cell installs attnmt where it is missing (e.g. on Colab) from the source that
+# `ATTNMT_SOURCE` names: this project's git URL or a folder holding a checkout. attnmt is
+# not on the package index (a package of that name there would be someone else's), so
+# without `ATTNMT_SOURCE` the cell stops and prints the command to run.
 
 # %%
 import importlib.util
@@ -42,10 +44,32 @@ import subprocess
 import sys
 import tempfile
 
-if importlib.util.find_spec("attnmt") is None or importlib.util.find_spec("matplotlib") is None:
-    source = os.environ.get("ATTNMT_SOURCE", "attnmt")
-    requirement = f"attnmt[viz] @ {source}" if "://" in source else f"{source}[viz]"
+if importlib.util.find_spec("attnmt") is None:
+    source = os.environ.get("ATTNMT_SOURCE")
+    if not source:
+        print(
+            "attnmt is not installed. Install it from this project's source, then rerun:\n"
+            '    %pip install "attnmt[viz] @ git+https://github.com/OWNER/attnmt.git"\n'
+            '    %pip install "/path/to/attnmt[viz]"      # a checkout\n'
+            "or set ATTNMT_SOURCE to that git URL or folder. Never `pip install attnmt`: "
+            "a package of that name on the index is not this project."
+        )
+        raise SystemExit(1)
+    if "://" in source:  # a git URL (pip needs git+ in front)
+        url = source if source.startswith("git+") else f"git+{source}"
+        requirement = f"attnmt[viz] @ {url}"
+    else:  # a folder: a path, so pip never looks the name up on the index
+        folder = os.path.abspath(os.path.expanduser(source))
+        if not os.path.isfile(os.path.join(folder, "pyproject.toml")):
+            raise SystemExit(f"ATTNMT_SOURCE={source}: no attnmt checkout (pyproject.toml) there")
+        requirement = f"{folder}[viz]"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", requirement], check=True)
+    importlib.invalidate_caches()  # see what pip just installed
+elif importlib.util.find_spec("matplotlib") is None:
+    # attnmt is here already; only its viz extra's figure library is missing.
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "matplotlib>=3.8"]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
 
 # %%
 # Jupyter displays a matplotlib Figure that a cell returns once the inline backend is on.
@@ -70,6 +94,8 @@ import jax
 import jax.numpy as jnp
 from IPython.display import display
 
+from attnmt.common import EOS_ID
+from attnmt.config.model import ModelConfig
 from attnmt.inspection.figures import (
     alignment_figure,
     head_figure,
@@ -81,9 +107,7 @@ from attnmt.inspection.figures import (
 from attnmt.inspection.files import write_figures
 from attnmt.inspection.stats import format_table, head_statistics
 from attnmt.inspection.view import KINDS, attention_view, view_from_ids
-from attnmt.config.model import ModelConfig
 from attnmt.model.transformer import Transformer
-from attnmt.common import EOS_ID
 
 SENTENCE = os.environ.get("ATTNMT_SENTENCE", "A man in a blue shirt is standing on a ladder .")
 TRANSLATION = os.environ.get("ATTNMT_TRANSLATION", "")

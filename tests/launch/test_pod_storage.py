@@ -181,7 +181,17 @@ def test_image_build_pipes_head_to_docker_and_pushes_the_commit_tag():
     )
     assert archive == ["git", "-C", str(REPO), "archive", "--format=tar", "HEAD"]
     tag = f"reg/x/attnmt:cuda-{_head()}"
-    assert build == ["docker", "build", "--build-arg", "ACCELERATOR=cuda", "--tag", tag, "-"]
+    assert build == [
+        "docker",
+        "build",
+        "--build-arg",
+        "ACCELERATOR=cuda",
+        "--platform",
+        "linux/amd64",
+        "--tag",
+        tag,
+        "-",
+    ]
     assert push == ["docker", "push", tag]
     only_build = shell_commands(
         dry_run("image", "--accelerator", "tpu", "--registry", "r", "--no-push")
@@ -219,7 +229,7 @@ def test_image_build_gives_docker_a_context_with_what_the_dockerfile_copies(tmp_
         assert needed in names, needed
 
 
-def test_tpu_vm_install_unpacks_head_and_pip_installs_it_on_every_worker(tmp_path):
+def test_tpu_vm_install_unpacks_head_and_installs_it_in_a_venv_on_every_worker(tmp_path):
     env = {"TMPDIR": str(tmp_path)}
     result = launch("tpu_vm", "install", "--tpu", "t", "--zone", "z", "--dry-run", env=env)
     assert result.returncode == 0, result.stderr
@@ -233,14 +243,32 @@ def test_tpu_vm_install_unpacks_head_and_pip_installs_it_on_every_worker(tmp_pat
     (home / remote_name).write_bytes(Path(local).read_bytes())
     stubs, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     _recorder(stubs, "python3", log)
+    (home / ".local" / "bin").mkdir(parents=True)
+    _recorder(home / ".local" / "bin", "uv", log)  # where `pip install --user uv` puts it
     (remote,) = [w.removeprefix("--command=") for w in ssh if w.startswith("--command=")]
     shell_env = {"HOME": str(home), "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
     subprocess.run(["bash", "-c", remote], check=True, env=shell_env)
     tree = home / "attnmt"
     for needed in ("pyproject.toml", "configs/wmt14_ende.py", "src/attnmt/cli/main.py"):
         assert (tree / needed).is_file(), needed
-    (pip,) = _calls(log)
-    assert pip == ["python3", "-m", "pip", "install", "--quiet", "-e", f"{tree}[tfds]", "jax[tpu]"]
+    venv = home / "attnmt-venv"
+    pip_uv, make_venv, install = _calls(log)
+    assert pip_uv[:6] == ["python3", "-m", "pip", "install", "--quiet", "--user"]
+    assert pip_uv[6].startswith("uv==")
+    assert make_venv == ["uv", "venv", "--quiet", "--allow-existing", "--python", "3.11", str(venv)]
+    assert install == [
+        "uv",
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        f"{venv}/bin/python",
+        "--constraint",
+        f"{tree}/constraints/tpu.txt",
+        "-e",
+        f"{tree}[tfds,gcs]",
+        "jax[tpu]",
+    ]
 
 
 def _mount_script(*flags: str) -> str:

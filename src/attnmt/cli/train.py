@@ -36,10 +36,15 @@ def add_command(commands: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace, overrides: Overrides) -> int:
     chosen = experiment(args, overrides)
+    from attnmt.parallel.backend import check_backend
     from attnmt.parallel.distributed import initialize
     from attnmt.train.assemble import train
+    from attnmt.train.compile_cache import enable as enable_compilation_cache
 
-    initialize()  # joins a multi-process job described by the environment, if any
+    accelerator = chosen.parallel.accelerator
+    initialize(accelerator=accelerator)  # joins a multi-process job described by the environment
+    check_backend(accelerator)  # logs the backend and devices; stops on the wrong one
+    enable_compilation_cache(chosen, args.workdir)  # before the first compile of a step
 
     result = train(chosen, args.workdir)
     print(f"stopped at step {result.step}: {result.stopped_because}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from attnmt.config.typed import check_types
 from attnmt.errors import ConfigError
@@ -14,12 +15,15 @@ class ParallelConfig:
 
     data: batch split, parameters replicated. fsdp: batch split AND parameters/optimizer
     state sharded (ZeRO-3 style). tensor: heads, FFN hidden units and vocabulary split.
+    accelerator: the backend the run must get; "any" takes the image's ATTNMT_ACCELERATOR
+    (cpu | cuda | tpu), or whatever JAX finds when that is unset (attnmt.parallel.backend).
     """
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     num_devices: int = 0  # use only the first N devices of the job; 0 = all of them
+    accelerator: Literal["any", "cpu", "gpu", "tpu"] = "any"
 
     def __post_init__(self) -> None:
         check_types(self, "parallel")

@@ -48,6 +48,12 @@ class TrainConfig:
     # With model.scan_layers, 1 cut the base step's compile on a 2-core CPU from 11.4 s to
     # 5.1 s at +6 % step time (BENCHMARKS.md): for short and debugging runs.
     xla_backend_optimization_level: OptimizationLevel = -1
+    # Persistent compilation cache (attnmt/train/compile_cache.py): compiled steps are kept,
+    # so a resumed run loads them instead of compiling again. "" = $JAX_COMPILATION_CACHE_DIR
+    # when set, else <workdir>/compilation_cache (inside the workdir: JAX runs what the cache
+    # holds, and the workdir is the folder the run owns); a folder or gs:// URL, which runs
+    # may share (entries are keyed by program, flags and devices); "off" or "none" = none.
+    compilation_cache_dir: str = ""
 
     def __post_init__(self) -> None:
         check_types(self, "train")
