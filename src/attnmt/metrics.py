@@ -9,11 +9,14 @@ a killed run loses at most the scalars since its last log line.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import types
+from typing import Any
 
 from rich.progress import (
     BarColumn,
@@ -23,11 +26,23 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from tensorboardX import SummaryWriter
 
 from attnmt.storage import Path, is_remote, upload_tree
 
 log = logging.getLogger("attnmt.train")
+
+
+def tensorboardx() -> types.ModuleType:
+    """tensorboardX, imported without torch. Its writer module imports torch when it is
+    installed (as with the `hf` extra: 1.3 s of every `attnmt` start here) only to accept
+    torch tensors, which attnmt never logs; torch stays importable afterwards."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        return importlib.import_module("tensorboardX")
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` → ImportError
+    try:
+        return importlib.import_module("tensorboardX")
+    finally:
+        del sys.modules["torch"]
 
 
 class MetricsSink:
@@ -35,7 +50,7 @@ class MetricsSink:
 
     def __init__(self, workdir: Path, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._writers: dict[str, SummaryWriter] = {}
+        self._writers: dict[str, Any] = {}  # split → tensorboardX.SummaryWriter
         self._root = workdir / "tensorboard"
         self._stage = None
         if enabled and is_remote(self._root):
@@ -48,7 +63,7 @@ class MetricsSink:
         if not self.enabled:
             return
         if split not in self._writers:
-            self._writers[split] = SummaryWriter(self._local(split))
+            self._writers[split] = tensorboardx().SummaryWriter(self._local(split))
         writer = self._writers[split]
         for name, value in scalars.items():
             writer.add_scalar(name, value, step)

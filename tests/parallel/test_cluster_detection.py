@@ -3,13 +3,15 @@ receives (coordinator, process count, process id) for each process of a local ru
 GPU Indexed Job, a GKE TPU slice, a SLURM step and a Cloud TPU VM slice (a fake metadata
 server on 127.0.0.1), each environment taken from what the launcher renders (read-only)
 plus what the platform adds; JAX's own cluster detection (jax._src.clusters), run on the
-same environment, is the reference. Two local processes given SLURM's variables reach
-step 1 of `attnmt train`.
+same environment, is the reference. Two local processes started with the variables of a
+SLURM step, of the GKE GPU Indexed Job's pods and of a Cloud TPU VM slice (each worker
+asking its own fake metadata server) reach step 1 of `attnmt train`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -19,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -303,55 +304,97 @@ def test_an_unreachable_metadata_server(monkeypatch, calls):
         plan_from_environment({"ATTNMT_CLUSTER": "tpu-vm"})
 
 
-# ---- two local processes started with SLURM's variables ----------------------------------
+# ---- two local processes started the way each launcher starts them -----------------------
 
 
-def _slurm_port() -> int:
-    """A free port among those a SLURM job id can map to (JAX: 61440 + id mod 4096)."""
-    for port in range(61440 + os.getpid() % 4000, 65536):
+def _free_port(start: int = 20000) -> int:
+    """A free port at or after `start` (offset by the pid, so parallel runs differ)."""
+    for port in range(start + os.getpid() % 4000, 65536):
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise AssertionError("no free port in 61440-65535")
+    raise AssertionError(f"no free port from {start}")
+
+
+def _slurm_envs(stack: contextlib.ExitStack) -> list[dict[str, str]]:
+    """srun's variables for two tasks on one node; JAX's port follows from the job id."""
+    job_id = _free_port(61440) - 61440  # JAX: 61440 + job id mod 4096
+    script = "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n"
+    return [slurm_task_env(script, job_id, "127.0.0.1", task) for task in range(2)]
+
+
+def _gke_gpu_envs(stack: contextlib.ExitStack) -> list[dict[str, str]]:
+    """The two pods of the rendered GKE GPU Indexed Job, with the coordinator's DNS name
+    (pod 0's headless service) resolved to this machine and the process id left to
+    JOB_COMPLETION_INDEX, as Kubernetes sets it."""
+    argv = [*GKE_COMMON, "--gpu-type", "nvidia-h100-80gb", "--nodes", "2"]
+    run, options = _parse(gke.add_launcher_arguments, argv)
+    manifest = gke.manifest(run, options)
+    envs = []
+    for index in range(2):
+        env = pod_env(manifest, index)
+        env.pop("ATTNMT_PROCESS_ID")
+        env["ATTNMT_COORDINATOR_ADDRESS"] = f"127.0.0.1:{_free_port()}"
+        envs.append(env)
+    assert envs[0]["ATTNMT_COORDINATOR_ADDRESS"] == envs[1]["ATTNMT_COORDINATOR_ADDRESS"]
+    return envs
+
+
+def _tpu_vm_envs(stack: contextlib.ExitStack) -> list[dict[str, str]]:
+    """`tpu_vm.py run`'s variables on two workers, each asking its own (fake) metadata
+    server, which lists both workers at 127.0.0.1 and tells each its number; JAX's fixed
+    TPU port moved to a free one."""
+    port = str(_free_port())
+    envs = []
+    for worker in range(2):
+        attributes = {
+            "worker-network-endpoints": "unused:0:127.0.0.1,unused:1:127.0.0.1",
+            "agent-worker-number": str(worker),
+            "tpu-env": TPU_ENV,
+        }
+        server = stack.enter_context(fake_metadata_server(attributes))
+        env = {**tpu_vm_env(declare=False), "GCE_METADATA_HOST": server.address}
+        envs.append({**env, "JAX_COORDINATOR_PORT": port, "NO_PROXY": "127.0.0.1"})
+    return envs
+
+
+LAUNCHER_ENVS = {"slurm": _slurm_envs, "gke_gpu": _gke_gpu_envs, "tpu_vm": _tpu_vm_envs}
+LOGGED_SOURCE = {"slurm": "slurm", "gke_gpu": "attnmt", "tpu_vm": "tpu-vm"}
 
 
 @pytest.mark.slow
-def test_two_processes_with_slurm_variables_reach_step_1(tmp_path: Path):
+@pytest.mark.parametrize("launcher", sorted(LAUNCHER_ENVS))
+def test_two_processes_started_as_the_launcher_starts_them_reach_step_1(tmp_path, launcher):
     corpus = write_corpus(tmp_path / "corpus")
     argv = [sys.executable, "-m", "attnmt.cli.main", *train_args(corpus, tmp_path / "run", 1)]
-    job_id = _slurm_port() - 61440  # JAX picks the port from the job id, as on a cluster
     base = {k: v for k, v in job_env(tmp_path / "cache").items() if not k.startswith(PREFIXES)}
+    base = {k: v for k, v in base.items() if k not in OTHERS}
     logs, processes = [], []
-    for task in range(2):
-        env = {
-            **base,
-            **slurm_task_env(
-                "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n", job_id, "127.0.0.1", task
-            ),
-        }
-        env["ATTNMT_LOCAL_DEVICE_COUNT"] = "1"  # a CPU device each, joined through gloo
-        logs.append(tmp_path / f"task{task}.log")
-        with logs[-1].open("wb") as out:
-            processes.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=REPO,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+    with contextlib.ExitStack() as stack:
+        for task, launcher_env in enumerate(LAUNCHER_ENVS[launcher](stack)):
+            env = {**base, **launcher_env, "ATTNMT_LOCAL_DEVICE_COUNT": "1"}  # gloo on CPU
+            logs.append(tmp_path / f"task{task}.log")
+            with logs[-1].open("wb") as out:
+                processes.append(
+                    subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=REPO,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
-    try:
-        codes = [process.wait(timeout=240) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        try:
+            codes = [process.wait(timeout=240) for process in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
     text = [log.read_text(errors="replace") for log in logs]
     assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
-    assert "from the slurm environment" in text[1]
+    assert f"from the {LOGGED_SOURCE[launcher]} environment" in text[1], text[1][-3000:]
     assert "process 1 of 2" in text[1] and "stopped at step 1" in text[0]

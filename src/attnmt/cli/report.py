@@ -24,6 +24,7 @@ from etils import epath
 
 from attnmt.config.overrides import only_section
 from attnmt.errors import UserError
+from attnmt.metrics import tensorboardx
 from attnmt.storage import as_path, is_remote
 
 # Preference order when a BLEU event holds several scores: the dataset's own convention
@@ -61,6 +62,7 @@ class RunSummary:
 def _records(path: epath.Path) -> Iterator[bytes]:
     """Payloads of a TFRecord file; stops quietly at a torn or corrupt tail (a run that is
     still writing, or was killed mid-write)."""
+    tensorboardx()  # the package without torch (attnmt/metrics.py)
     from tensorboardX.record_writer import masked_crc32c
 
     data = path.read_bytes()
@@ -86,6 +88,7 @@ def read_scalars(directory: epath.Path) -> dict[str, Scalar]:
     Newest by wall time: after a resume from an earlier checkpoint the steps repeat, and
     the later values describe the run as it is now.
     """
+    tensorboardx()
     from tensorboardX.proto import event_pb2
 
     latest: dict[str, Scalar] = {}
