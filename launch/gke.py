@@ -19,7 +19,7 @@ service account (--service-account) bound to a Google service account by Workloa
 
 One replicated job (one slice) whose Indexed Job runs `hosts` pods at once (parallelism =
 completions = hosts; a TPU slice has topology chips / chips-per-host hosts). TPU pods need no
-coordinator variables: GKE gives them TPU_WORKER_HOSTNAMES and JAX reads those. GPU pods get
+coordinator variables: GKE gives them TPU_WORKER_HOSTNAMES and attnmt reads those. GPU pods get
 ATTNMT_COORDINATOR_ADDRESS (pod 0 through the JobSet's headless service),
 ATTNMT_NUM_PROCESSES and ATTNMT_PROCESS_ID (the pod's completion index). Any pod failing
 restarts the whole set (--max-restarts) and training resumes from the newest checkpoint, so

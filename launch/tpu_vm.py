@@ -1,8 +1,9 @@
 """Cloud TPU VM slices through `gcloud compute tpus tpu-vm`: create, install, mount, run,
 logs, stop, delete. Every worker of a slice runs the same command (`--worker=all`) with
-ATTNMT_CLUSTER=tpu_vm, which tells attnmt that this is a Cloud TPU VM slice: it then calls
-jax.distributed.initialize(), whose cluster detection finds the peers from the TPU metadata
-server (a Cloud TPU VM sets no TPU_WORKER_HOSTNAMES, unlike GKE).
+ATTNMT_CLUSTER=tpu_vm, which tells attnmt that this is a Cloud TPU VM slice: it then reads
+the slice's workers and this worker's number from the TPU metadata server and hands them to
+jax.distributed.initialize (a Cloud TPU VM sets no TPU_WORKER_HOSTNAMES, unlike GKE; see
+src/attnmt/parallel/distributed.py).
 
     python launch/tpu_vm.py create  --tpu ende --zone us-central2-b --accelerator-type v4-32
     python launch/tpu_vm.py install --tpu ende --zone us-central2-b            # this repo's HEAD
