@@ -52,9 +52,10 @@ def load_tokenizer(experiment: Experiment, workdir: Path) -> Tokenizer | PairTok
     return Tokenizer.load(path)
 
 
-def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
+def load_run(workdir: str | os.PathLike, step: int | str | None = None) -> LoadedRun:
     """Config, vocabulary and parameters of a workdir's newest (or given) checkpoint
-    (a local folder or one in a bucket)."""
+    (a local folder or one in a bucket). `step="best"`: the best step train.keep_best_by
+    kept (a step number given as text is read as that number)."""
     workdir = as_path(workdir, "--workdir")
     directory = checkpoint_dir(workdir)
     if not as_path(directory).is_dir():  # checked first: opening a manager creates the folder
@@ -66,7 +67,7 @@ def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
             raise CheckpointError(
                 f"no checkpoint in {manager.directory}: train first, or check --workdir"
             )
-        chosen = steps_present[-1] if step is None else step
+        chosen = _chosen_step(manager, steps_present, step)
         if chosen not in steps_present:
             raise CheckpointError(
                 f"no checkpoint for step {chosen} in {manager.directory}; present: {steps_present}"
@@ -77,3 +78,21 @@ def load_run(workdir: str | os.PathLike, step: int | None = None) -> LoadedRun:
         manager.close()
     tokenizer = load_tokenizer(experiment, workdir)
     return LoadedRun(experiment, tokenizer, params, chosen, workdir)
+
+
+def _chosen_step(manager: CheckpointManager, present: list[int], step: int | str | None) -> int:
+    if step is None:
+        return present[-1]
+    if isinstance(step, int):
+        return step
+    if step.strip().isdigit():
+        return int(step)
+    if step != "best":
+        raise CheckpointError(f"--step must be a step number or 'best', got {step!r}")
+    best = manager.best()
+    if best is None:
+        raise CheckpointError(
+            f"no best checkpoint in {manager.directory}: it is kept by runs trained with "
+            "train.keep_best_by (loss or bleu) once they have evaluated"
+        )
+    return best[0]

@@ -5,6 +5,9 @@ a bucket, where renaming is not atomic, it writes `<step>/commit_success.txt` la
 save interrupted mid-write is never listed as a step; saving is asynchronous, so training
 goes on while the arrays are written. A step whose files are later damaged is detected on
 restore: the newest readable step is used instead, and the damaged one is moved aside.
+
+With `keep_best_by`, a save that is a new best carries its metric (Orbax writes it as the
+step's `metrics` item), and rotation keeps the best of those beside the last K.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 ITEMS = ("state", "data", "config")
 COMMIT_MARKER = "commit_success.txt"  # in a bucket, the object whose presence finishes a step
 UNREADABLE_SUFFIX = "-unreadable"  # <workdir>/checkpoints-unreadable/<step>: set aside
+# train.keep_best_by -> whether lower ("min") or higher ("max") values are better.
+BEST_MODES = {"loss": "min", "bleu": "max"}
 
 
 class UnreadableCheckpointError(CheckpointError):
@@ -49,6 +54,42 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
         "data": ocp.JsonCheckpointHandler(),
         "config": ocp.JsonCheckpointHandler(),
     }
+
+
+def _options(
+    keep: int, asynchronous: bool, clean_up_unfinished: bool, keep_best_by: str
+) -> ocp.CheckpointManagerOptions:
+    common = dict(
+        enable_async_checkpointing=asynchronous,
+        create=True,
+        cleanup_tmp_directories=clean_up_unfinished,
+    )
+    if not keep_best_by:
+        return ocp.CheckpointManagerOptions(max_to_keep=keep, **common)
+    mode = BEST_MODES[keep_best_by]
+
+    def metric(metrics: dict) -> float:
+        # A step ranked by the other metric (the key changed on resume) ranks last.
+        worst = float("inf") if mode == "min" else float("-inf")
+        return float(metrics.get(keep_best_by, worst))
+
+    policies = ocp.checkpoint_managers
+    # The last `keep` steps, or the best of the steps saved with a metric (only new bests
+    # are, so it is also the newest of them). best_fn makes Orbax write the metrics.
+    keep_policy = policies.AnyPreservationPolicy(
+        [
+            policies.LatestN(n=keep),
+            policies.BestN(
+                get_metric_fn=metric,
+                reverse=mode == "min",  # BestN keeps the end of the sorted list
+                n=1,
+                keep_checkpoints_without_metrics=False,
+            ),
+        ]
+    )
+    return ocp.CheckpointManagerOptions(
+        best_fn=metric, best_mode=mode, preservation_policy=keep_policy, **common
+    )
 
 
 def partial_reader(directory: str) -> ocp.CheckpointManager:
@@ -110,7 +151,8 @@ def _move_folder(source: epath.Path, destination: epath.Path) -> None:
 
 
 class CheckpointManager:
-    """Keep-last-K checkpoints in `<workdir>/checkpoints/<step>/{state,data,config}`.
+    """Keep-last-K checkpoints in `<workdir>/checkpoints/<step>/{state,data,config}`, and
+    with `keep_best_by` ("loss" or "bleu") also the best step saved with that metric.
 
     `clean_up_unfinished` deletes the temporary folders of saves that a killed process left
     behind; only the process that writes checkpoints (the trainer) should ask for it, since
@@ -123,13 +165,12 @@ class CheckpointManager:
         keep: int = 20,
         asynchronous: bool = True,
         clean_up_unfinished: bool = False,
+        keep_best_by: str = "",
     ) -> None:
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
-            enable_async_checkpointing=asynchronous,
-            create=True,
-            cleanup_tmp_directories=clean_up_unfinished,
-        )
+        if keep_best_by and keep_best_by not in BEST_MODES:
+            raise ValueError(f"keep_best_by must be one of {sorted(BEST_MODES)}")
+        self.keep_best_by = keep_best_by
+        options = _options(keep, asynchronous, clean_up_unfinished, keep_best_by)
         self.directory = checkpoint_dir(workdir)
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=_handlers()
@@ -141,11 +182,40 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
-    def save(self, step: int, state: Any, data_state: dict, config: dict) -> None:
+    def best(self) -> tuple[int, float] | None:
+        """(step, value) of the best step saved with a metric; None if there is none.
+
+        Read from the steps' own metrics, so any reader (`--step best`) finds it: by
+        `keep_best_by`, or else by the one metric the steps carry."""
+        names = [self.keep_best_by] if self.keep_best_by else list(BEST_MODES)
+        found: dict[str, list[tuple[int, float]]] = {}
+        for step in self.all_steps():
+            metrics = self._manager.metrics(step)
+            for name in names:
+                if isinstance(metrics, dict) and name in metrics:
+                    found.setdefault(name, []).append((step, float(metrics[name])))
+        if len(found) > 1:
+            raise CheckpointError(
+                f"checkpoints in {self.directory} are ranked by both {' and '.join(found)}"
+            )
+        if not found:
+            return None
+        name, ranked = next(iter(found.items()))
+        sign = 1.0 if BEST_MODES[name] == "min" else -1.0
+        # The earliest of equal values: a later equal one is no improvement.
+        return min(ranked, key=lambda pair: (sign * pair[1], pair[0]))
+
+    def save(
+        self, step: int, state: Any, data_state: dict, config: dict, metric: float | None = None
+    ) -> None:
         """Starts an asynchronous save; returns once the arrays are copied off the devices.
 
         The host copy is what makes it safe for the next step to donate `state`'s buffers.
+        `metric`: the step's `keep_best_by` value, given when it is a new best.
         """
+        if metric is not None and not self.keep_best_by:
+            raise ValueError("a metric is saved only by a manager with keep_best_by")
+        metrics = None if metric is None else {self.keep_best_by: float(metric)}
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -153,6 +223,7 @@ class CheckpointManager:
                 data=ocp.args.JsonSave(data_state),
                 config=ocp.args.JsonSave(config),
             ),
+            metrics=metrics,
             force=True,
         )
 

@@ -50,6 +50,16 @@ def local_path(what: str):
     return check
 
 
+def checkpoint_step(text: str) -> int | str:
+    """argparse type: a step number, or "best" (the step train.keep_best_by kept)."""
+    if text == "best":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a step number or 'best', got {text!r}") from None
+
+
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -68,7 +78,12 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", required=True, type=storage_path, help="a training (or averaged) workdir"
     )
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default newest)")
+    parser.add_argument(
+        "--step",
+        type=checkpoint_step,
+        default=None,
+        help="checkpoint step, or best (kept by train.keep_best_by); default the newest",
+    )
     parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
     parser.add_argument(
         "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
@@ -83,6 +98,12 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="XLA backend optimisation level 0-3 of the search (lower compiles faster)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="compute dtype to decode in (decode.dtype; default: the model's own)",
+    )
 
 
 _DECODE_FLAGS = (  # decode key ← argparse destination
@@ -94,6 +115,8 @@ _DECODE_FLAGS = (  # decode key ← argparse destination
     ("sample", "sample"),
     ("temperature", "temperature"),
     ("top_k", "top_k"),
+    ("top_p", "top_p"),
+    ("dtype", "dtype"),
     ("seed", "seed"),
 )
 

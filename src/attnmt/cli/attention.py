@@ -62,6 +62,7 @@ def run_attention(args: argparse.Namespace, overrides: Overrides) -> int:
 
 
 def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
+    from attnmt.decode.translate import decoding_model_config
     from attnmt.inspection.files import write_figures
     from attnmt.inspection.stats import format_table, head_statistics
     from attnmt.inspection.view import KINDS, attention_view
@@ -70,9 +71,8 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
     if translation is None:
         translation = translator.translate([args.text])[0]
     try:
-        view = attention_view(
-            run.experiment.model, run.params, run.tokenizer, args.text, translation
-        )
+        model = decoding_model_config(run.experiment.model, translator.decode_config)
+        view = attention_view(model, run.params, run.tokenizer, args.text, translation)
         rows = head_statistics([view])
         written = write_figures(
             view,

@@ -17,7 +17,7 @@ from attnmt.cli.arguments import (
 )
 from attnmt.config.decode import DecodeConfig
 from attnmt.config.overrides import only_section
-from attnmt.errors import DataError
+from attnmt.errors import ConfigError, DataError
 from attnmt.storage import as_path
 
 
@@ -35,7 +35,19 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     )
     translate.add_argument("--temperature", type=float, default=None, help="for --sample")
     translate.add_argument("--top-k", type=int, default=None, help="for --sample; 0 = all")
+    translate.add_argument(
+        "--top-p", type=float, default=None, help="for --sample: nucleus mass, 1 = all"
+    )
     translate.add_argument("--seed", type=int, default=None, help="for --sample")
+    translate.add_argument(
+        "--nbest",
+        type=int,
+        default=None,
+        help="write the K best (1 ≤ K ≤ beam) per line: line, rank, score, log-prob, text",
+    )
+    translate.add_argument(
+        "--scores", action="store_true", help="write the 1-best in the --nbest format (K = 1)"
+    )
     translate.set_defaults(handler=run_translate)
 
     evaluate = commands.add_parser("evaluate", help="BLEU on a held-out split")
@@ -57,12 +69,27 @@ def run_translate(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.decode.translate import Translator
 
     runs = load_runs(args)
-    translator = Translator.from_runs(runs, decode_config(runs[0], args, overrides))
+    decode = decode_config(runs[0], args, overrides)
+    translator = Translator.from_runs(runs, decode, nbest=_nbest(args, decode))
     try:
         _translate_files(translator, args)
     except OSError as error:  # a missing input, an unwritable output
         raise DataError(f"{error.filename}: {error.strerror}") from None
     return 0
+
+
+def _nbest(args: argparse.Namespace, decode: DecodeConfig) -> int:
+    """Hypotheses per line to write with scores: --nbest K, --scores 1, else 0 (text only)."""
+    if args.nbest is None:
+        return 1 if args.scores else 0
+    if decode.sample and args.nbest != 1:
+        raise ConfigError(f"--nbest {args.nbest}: a sample is one hypothesis; use --nbest 1")
+    if not 1 <= args.nbest <= decode.beam_size:
+        raise ConfigError(
+            f"--nbest {args.nbest} must be between 1 and the beam size {decode.beam_size} "
+            "(--beam, decode.beam_size)"
+        )
+    return args.nbest
 
 
 def _translate_files(translator, args: argparse.Namespace) -> None:

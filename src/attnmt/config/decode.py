@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from attnmt.config.typed import check_types
 from attnmt.config.xla import OptimizationLevel
 from attnmt.errors import ConfigError
+
+# "" decodes in the model's own compute dtype (model.dtype, as trained).
+DecodeDType = Literal["", "float32", "bfloat16"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,15 +27,22 @@ class DecodeConfig:
     # levels shorten the compile of every bucket shape.
     xla_backend_optimization_level: OptimizationLevel = -1
     # Sampling instead of search: each output token drawn from softmax(logits / temperature),
-    # restricted to the top_k most likely (0 = all). Line i of an input is drawn from
-    # fold_in(PRNGKey(seed), i), so a seed gives the same samples whatever the batching.
+    # restricted to the top_k most likely (0 = all), then to the top_p nucleus (the fewest
+    # most likely tokens whose probability reaches top_p; 1 = all). Line i of an input is
+    # drawn from fold_in(PRNGKey(seed), i), so a seed gives the same samples whatever the
+    # batching.
     sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
+    top_p: float = 1.0
     seed: int = 0
     # Parsing runs: greedy and beam search may only write well-formed trees with one leaf
     # per input word (attnmt.decode.tree_grammar); false leaves it all to the repair.
     tree_grammar: bool = True
+    # The model's compute dtype while decoding (translate, evaluate, BLEU during training):
+    # "" = model.dtype as trained; "bfloat16" decodes a float32-trained run in bf16
+    # (parameters are stored float32 either way).
+    dtype: DecodeDType = ""
 
     def __post_init__(self) -> None:
         check_types(self, "decode")
@@ -47,3 +58,5 @@ class DecodeConfig:
         for name in ("temperature", "top_k", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"decode.{name} must be ≥ 0, got {getattr(self, name)}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"decode.top_p must be in (0, 1] (1 = off), got {self.top_p}")

@@ -30,6 +30,13 @@ class TrainConfig:
     checkpoint_every_steps: int = 0  # 0 = only by time
     checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
     keep_checkpoints: int = 20  # enough to average the last 20 (big)
+    # Keep the best step beside the last keep_checkpoints (never rotated away; `--step
+    # best` reads it): "loss" = validation loss (lower is better, every eval_every_steps),
+    # "bleu" = validation sacreBLEU (higher is better, every bleu_every_steps); "" = off.
+    keep_best_by: Literal["", "loss", "bleu"] = ""
+    # >0: stop (with a checkpoint) after this many evaluations of keep_best_by in a row
+    # without improvement on the best; 0 = never
+    early_stop_patience: int = 0
     # `attnmt train` ends a finished run (not a preempted one) by scoring its newest
     # checkpoint on data.test_split, as `attnmt evaluate --split test` would
     test_at_end: bool = True
@@ -76,6 +83,7 @@ class TrainConfig:
             "peak_tflops_per_device",
             "profile_first_step",
             "profile_num_steps",
+            "early_stop_patience",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be ≥ 0, got {getattr(self, name)}")
@@ -87,6 +95,21 @@ class TrainConfig:
             raise ConfigError(
                 "set train.checkpoint_every_steps or train.checkpoint_every_minutes: a run "
                 "without periodic checkpoints can be lost"
+            )
+        self._check_best()
+
+    def _check_best(self) -> None:
+        """keep_best_by needs the evaluation it ranks; patience needs something ranked."""
+        needs = {"loss": "eval_every_steps", "bleu": "bleu_every_steps"}.get(self.keep_best_by)
+        if needs and getattr(self, needs) == 0:
+            raise ConfigError(
+                f"train.keep_best_by={self.keep_best_by!r} needs train.{needs} > 0 (the "
+                "evaluation it ranks checkpoints by)"
+            )
+        if self.early_stop_patience and not self.keep_best_by:
+            raise ConfigError(
+                'train.early_stop_patience needs train.keep_best_by ("loss" or "bleu"): '
+                "the metric whose improvement it waits for"
             )
 
 

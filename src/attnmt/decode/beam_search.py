@@ -66,6 +66,7 @@ __all__ = [
     "expand_to_beams",
     "greedy_search",
     "length_penalty",
+    "nucleus",
     "sample",
 ]
 
@@ -218,6 +219,7 @@ class _BeamState(NamedTuple):
     live_logp: jax.Array  # [batch, beam] log P(prefix); -inf = empty/dead slot
     fin_seqs: jax.Array  # [batch, beam, max_decode_len] sorted best first
     fin_scores: jax.Array  # [batch, beam] log P(Y) / lp(|Y|); -inf = empty slot
+    fin_logp: jax.Array  # [batch, beam] log P(Y) of the same hypotheses; -inf = empty slot
     done: jax.Array  # [batch] no live hypothesis can still enter the top-k finished
     cache: PyTree  # leaves [batch * beam, ...] (or scalars)
 
@@ -247,8 +249,8 @@ def _select_finished(
     cand_seqs: jax.Array,
     cand_is_eos: jax.Array,
     alpha: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
-    """Merges this step's EOS candidates into the finished top-K: (seqs, scores)."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Merges this step's EOS candidates into the finished top-K: (seqs, scores, logp)."""
     beam_size = state.fin_scores.shape[1]
     # As in fairseq/OpenNMT an EOS candidate is accepted only if it ranks within the top K of
     # this step's candidates, which makes beam_size=1 coincide with greedy decoding.
@@ -259,7 +261,12 @@ def _select_finished(
     all_scores = jnp.concatenate([state.fin_scores, cand_scores], axis=1)  # [batch, 3K]
     all_seqs = jnp.concatenate([state.fin_seqs, cand_seqs], axis=1)  # [batch, 3K, max_len]
     fin_scores, fin_idx = lax.top_k(all_scores, beam_size)  # [batch, beam]
-    return _gather_beams(all_seqs, fin_idx), fin_scores
+    # The raw log-probabilities travel with the scores (not recovered as score * lp, which
+    # would round twice); entries whose score is -inf are empty slots, so -inf there too.
+    cand_logp = jnp.where(jnp.isneginf(cand_scores), NEG_INF, cand_logp)
+    all_logp = jnp.concatenate([state.fin_logp, cand_logp], axis=1)  # [batch, 3K]
+    fin_logp = jnp.take_along_axis(all_logp, fin_idx, axis=1)  # [batch, beam]
+    return _gather_beams(all_seqs, fin_idx), fin_scores, fin_logp
 
 
 def _sentence_done(
@@ -299,7 +306,9 @@ def _beam_step(
         logp = constraint(state.live_seqs, state.step, logp)
     cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
     cand_is_eos = cand_seqs[:, :, state.step] == ids[0]  # [batch, 2K]
-    fin_seqs, fin_scores = _select_finished(state, cand_logp, cand_seqs, cand_is_eos, alpha)
+    fin_seqs, fin_scores, fin_logp = _select_finished(
+        state, cand_logp, cand_seqs, cand_is_eos, alpha
+    )
 
     # Live: the best K non-EOS candidates; finished hypotheses are never extended.
     live_cand = jnp.where(cand_is_eos, NEG_INF, cand_logp)  # [batch, 2K]
@@ -312,7 +321,9 @@ def _beam_step(
     # Kill the live beams of done sentences so that nothing about them can change any more.
     live_logp = jnp.where(done[:, None], NEG_INF, live_logp)
     last_tok = live_seqs[:, :, state.step]  # [batch, beam]
-    return _BeamState(new_len, last_tok, live_seqs, live_logp, fin_seqs, fin_scores, done, cache)
+    return _BeamState(
+        new_len, last_tok, live_seqs, live_logp, fin_seqs, fin_scores, fin_logp, done, cache
+    )
 
 
 def beam_search(
@@ -329,7 +340,8 @@ def beam_search(
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
     constraint: TokenConstraint | None = None,
-) -> tuple[jax.Array, jax.Array]:
+    return_log_probs: bool = False,
+) -> tuple[jax.Array, ...]:
     """Beam search with the GNMT length penalty and exact early stopping.
 
     ``cache`` is already expanded to ``batch_size * beam_size`` rows by :func:`expand_to_beams`.
@@ -348,8 +360,11 @@ def beam_search(
     log-probabilities of the tokens left are not renormalised.
 
     Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
-    float32 ``[batch, beam]``. Slots for which no hypothesis exists (tiny search spaces) have
-    score -inf and all-``pad_id`` sequences.
+    float32 ``[batch, beam]``; with ``return_log_probs`` also ``log_probs`` float32
+    ``[batch, beam]``, each hypothesis's raw ``log P(Y)`` (sum of its tokens' log-probabilities,
+    no length penalty). The ``beam_size`` finished hypotheses are the n-best list: its first
+    ``K`` entries are the top-``K``. Slots for which no hypothesis exists (tiny search spaces)
+    have score and log-prob -inf and all-``pad_id`` sequences.
     """
     rows = batch_size * beam_size
     _check_cache_rows(cache, rows, f"batch_size * beam_size = {batch_size} * {beam_size}")
@@ -362,7 +377,10 @@ def beam_search(
         return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id), constraint)
 
     final = _run_until_done(state, body, capacities, cache_growth)
-    return _finished_hypotheses(final, pad_id)
+    sequences, scores = _finished_hypotheses(final, pad_id)
+    if return_log_probs:
+        return sequences, scores, final.fin_logp
+    return sequences, scores
 
 
 def _initial_beam_state(
@@ -381,6 +399,7 @@ def _initial_beam_state(
         live_logp=live_logp,
         fin_seqs=jnp.full((*shape, max_decode_len), pad_id, jnp.int32),
         fin_scores=jnp.full(shape, NEG_INF, jnp.float32),
+        fin_logp=jnp.full(shape, NEG_INF, jnp.float32),
         done=jnp.zeros((batch_size,), bool),
         cache=cache,
     )
@@ -485,18 +504,24 @@ def sample(
     max_decode_len: int,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     eos_id: int = EOS_ID,
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Ancestral sampling from ``softmax(logits / temperature)``, optionally top-k truncated.
+    """Ancestral sampling from ``softmax(logits / temperature)``, optionally top-k/top-p truncated.
 
     PAD/BOS are excluded and the distribution renormalised over the remaining tokens; with
     ``top_k > 0`` only the ``top_k`` most likely tokens (ties at the k-th value included) are kept.
+    With ``top_p < 1`` (nucleus sampling, Holtzman et al. 2020), applied after ``top_k`` to the
+    renormalised distribution, only the smallest set of most likely tokens whose probability
+    reaches ``top_p`` is kept, plus every token tied with the least likely one kept (so the set
+    does not depend on the order of equal probabilities); the kept tokens are renormalised.
     ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
-    temperature raises ``ValueError``. ``temperature`` and ``top_k`` are static Python numbers.
+    temperature, or ``top_p`` outside ``(0, 1]``, raises ``ValueError``. ``temperature``,
+    ``top_k`` and ``top_p`` are static Python numbers.
     The randomness of step ``t`` is ``fold_in(rng, t)``, so results depend only on ``rng``.
     ``rng`` is one key for the whole batch, or one key per row (``[batch]`` typed keys or
     ``[batch, 2]`` raw ones): then each row's sample depends only on its own key, not on the
@@ -510,6 +535,8 @@ def sample(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = full distribution), got {top_p}")
     if temperature == 0:
         kwargs = dict(
             eos_id=eos_id,
@@ -522,15 +549,30 @@ def sample(
             tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
         )
 
-    choose = _sampler(rng, batch_size, temperature, top_k)
+    choose = _sampler(rng, batch_size, temperature, top_k, top_p)
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
     return _single_path_decode(
         tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
     )
 
 
+def nucleus(logits: jax.Array, top_p: float) -> jax.Array:
+    """``logits`` [rows, vocab] with -inf outside each row's top-p nucleus (see :func:`sample`).
+
+    A token is in the nucleus when the probability of the strictly more likely tokens before
+    it in sorted order is below ``top_p``; ties with the last such token are kept too.
+    """
+    probs = jax.nn.softmax(logits, axis=-1)  # [rows, vocab]; -inf logits give 0
+    ordered = -jnp.sort(-probs, axis=-1)  # [rows, vocab] most likely first
+    before = jnp.cumsum(ordered, axis=-1) - ordered  # mass of the tokens sorted before
+    # The first token always has 0 before it, so every row keeps at least one token.
+    kept = jnp.sum(before < top_p, axis=-1, keepdims=True)  # [rows, 1]
+    least = jnp.take_along_axis(ordered, kept - 1, axis=-1)  # [rows, 1] smallest kept prob
+    return jnp.where(probs >= least, logits, NEG_INF)
+
+
 def _sampler(
-    rng: jax.Array, batch_size: int, temperature: float, top_k: int
+    rng: jax.Array, batch_size: int, temperature: float, top_k: int, top_p: float = 1.0
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """`choose(log_probs [batch, vocab], step) -> tokens [batch]` for :func:`sample`."""
     typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
@@ -548,6 +590,8 @@ def _sampler(
         if 0 < top_k < scaled.shape[-1]:
             kth = lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
             scaled = jnp.where(scaled < kth, NEG_INF, scaled)
+        if top_p < 1:
+            scaled = nucleus(scaled, top_p)
         if per_row:
             return jax.vmap(draw, in_axes=(0, 0, None))(rng, scaled, step)
         return draw(rng, scaled, step)

@@ -1,13 +1,32 @@
 """Translating raw text with a trained model: batching by length, cached beam search,
-detokenization, one output line per input line."""
+detokenization, one output line per input line.
+
+n-best output (``Translator(..., nbest=K)``; ``attnmt translate --nbest K``, and ``--scores``
+for K = 1): each input line gives K output lines, in input order, best first::
+
+    line<TAB>rank<TAB>score<TAB>log_prob<TAB>text
+
+``line`` is the input's line number (1-based, as the warnings count) and ``rank`` 1..K.
+``log_prob`` is the hypothesis's raw log-probability under the model (the sum of its tokens'
+log-probabilities, EOS included; PAD/BOS are never emitted and are not renormalised away),
+``score`` the length-normalised ``log_prob / lp(|Y|)`` beam search ranks by (the GNMT
+penalty of :func:`attnmt.decode.beam_search.length_penalty` with ``decode.alpha``, ``|Y|``
+counting EOS); greedy decoding and samples are scored the same way. Both are float32
+values written with 9 significant digits, which read back to the same float32.
+An empty input line gives K lines with empty text and ``nan`` scores (nothing was
+decoded); a beam slot no hypothesis filled (only in tiny search spaces) has ``-inf``.
+``text`` is last, so splitting a line at its first four tabs reads it back
+(:func:`parse_hypothesis`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -149,11 +168,13 @@ def decode_batch(
     grammar: TreeGrammar | None = None,
     leaf_counts: jax.Array | None = None,
     word_pieces: tuple[jax.Array, jax.Array] | None = None,
-) -> jax.Array:
+    nbest: int = 0,
+) -> jax.Array | Hypotheses:
     """Best output token ids [batch, max_decode_len] for a padded source batch; with
-    `sampling` = (temperature, top_k), row i's sample drawn from `row_keys[i]` instead.
-    With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i (a
-    copying grammar's leaves are `word_pieces`, as TreeGrammar.banned takes them)."""
+    `sampling` = (temperature, top_k[, top_p]), row i's sample drawn from `row_keys[i]`
+    instead. With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i
+    (a copying grammar's leaves are `word_pieces`, as TreeGrammar.banned takes them).
+    With `nbest` = K ≥ 1, the K best hypotheses with their scores instead (best_sequences)."""
     src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
     if max_positions is not None:
@@ -189,6 +210,49 @@ def decode_batch(
         row_keys=row_keys,
         bos_id=configs[0].decoder_start_id,
         constraint=constraint,
+        nbest=nbest,
+    )
+
+
+class Hypotheses(NamedTuple):
+    """The n-best lists of a batch, best first (module docstring, "n-best output")."""
+
+    sequences: jax.Array  # [batch, K, max_decode_len] int32, EOS included, PAD after it
+    scores: jax.Array  # [batch, K] float32 log_prob / lp(|Y|)
+    log_probs: jax.Array  # [batch, K] float32 sum of the tokens' log-probabilities
+
+
+def _scored_single(sequences: jax.Array, log_probs: jax.Array, alpha: float) -> Hypotheses:
+    """The one hypothesis per row of greedy decoding or sampling, as a 1-best list."""
+    lengths = jnp.sum(sequences != PAD_ID, axis=1)  # [batch] tokens up to EOS, EOS included
+    scores = log_probs / search.length_penalty(lengths, alpha)
+    return Hypotheses(sequences[:, None], scores[:, None], log_probs[:, None])
+
+
+def _sample(
+    tokens_to_logits: search.TokensToLogits,
+    cache: Any,
+    growth: search.CacheGrowth | None,
+    sampling: tuple[float, ...],
+    row_keys: jax.Array,
+    max_lengths: jax.Array,
+    max_decode_len: int,
+    bos_id: int,
+) -> tuple[jax.Array, jax.Array]:
+    """search.sample with `sampling` = (temperature, top_k[, top_p])."""
+    temperature, top_k, *rest = sampling
+    return search.sample(
+        tokens_to_logits,
+        cache,
+        row_keys,
+        batch_size=max_lengths.shape[0],
+        max_decode_len=max_decode_len,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=rest[0] if rest else 1.0,
+        max_lengths=max_lengths,
+        cache_growth=growth,
+        bos_id=bos_id,
     )
 
 
@@ -205,30 +269,26 @@ def best_sequences(
     row_keys: jax.Array | None = None,
     bos_id: int = BOS_ID,
     constraint: search.TokenConstraint | None = None,
-) -> jax.Array:
+    nbest: int = 0,
+) -> jax.Array | Hypotheses:
     """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
     beam 1, beam search otherwise; or a sample per sentence given `sampling` =
-    (temperature, top_k) and a key per row. `max_lengths` [batch] bounds each output.
-    `bos_id` is the decoder's start token (model.decoder_start_id), never emitted;
-    `constraint` bans tokens during greedy or beam search, not sampling."""
+    (temperature, top_k[, top_p]) and a key per row. `max_lengths` [batch] bounds each
+    output. `bos_id` is the decoder's start token (model.decoder_start_id), never emitted;
+    `constraint` bans tokens during greedy or beam search, not sampling. With `nbest` = K
+    (1 ≤ K ≤ beam_size; 1 for sampling) the K best as Hypotheses instead."""
     batch = max_lengths.shape[0]
-    if sampling is not None:
-        temperature, top_k = sampling
-        sequences, _ = search.sample(
-            tokens_to_logits,
-            cache,
-            row_keys,
-            batch_size=batch,
-            max_decode_len=max_decode_len,
-            temperature=temperature,
-            top_k=top_k,
-            max_lengths=max_lengths,
-            cache_growth=growth,
-            bos_id=bos_id,
+    if not 0 <= nbest <= (1 if sampling is not None else beam_size):
+        raise ValueError(
+            f"nbest = {nbest}: 0 (sequences only) or 1..beam size ({beam_size}; 1 to sample)"
         )
-        return sequences
+    if sampling is not None:
+        sequences, log_probs = _sample(
+            tokens_to_logits, cache, growth, sampling, row_keys, max_lengths, max_decode_len, bos_id
+        )
+        return _scored_single(sequences, log_probs, alpha) if nbest else sequences
     if beam_size == 1:
-        sequences, _ = search.greedy_search(
+        sequences, log_probs = search.greedy_search(
             tokens_to_logits,
             cache,
             batch_size=batch,
@@ -238,8 +298,8 @@ def best_sequences(
             bos_id=bos_id,
             constraint=constraint,
         )
-        return sequences
-    sequences, _ = search.beam_search(
+        return _scored_single(sequences, log_probs, alpha) if nbest else sequences
+    sequences, scores, log_probs = search.beam_search(
         tokens_to_logits,
         cache,
         batch_size=batch,
@@ -250,12 +310,44 @@ def best_sequences(
         cache_growth=growth,
         bos_id=bos_id,
         constraint=constraint,
+        return_log_probs=True,
     )
+    if nbest:
+        return Hypotheses(sequences[:, :nbest], scores[:, :nbest], log_probs[:, :nbest])
     return sequences[:, 0]
 
 
+def decoding_model_config(config: ModelConfig, decode: DecodeConfig) -> ModelConfig:
+    """`config` with the compute dtype `decode.dtype` asks for ("" keeps the model's own)."""
+    return dataclasses.replace(config, dtype=decode.dtype) if decode.dtype else config
+
+
+class Hypothesis(NamedTuple):
+    """One entry of an n-best list (module docstring, "n-best output")."""
+
+    text: str
+    score: float  # log_prob / lp(|Y|)
+    log_prob: float
+
+
+def format_hypothesis(line: int, rank: int, hypothesis: Hypothesis) -> str:
+    """`line<TAB>rank<TAB>score<TAB>log_prob<TAB>text`, without a newline."""
+    text = hypothesis.text.replace("\n", " ")
+    return f"{line}\t{rank}\t{hypothesis.score:.9g}\t{hypothesis.log_prob:.9g}\t{text}"
+
+
+def parse_hypothesis(line: str) -> tuple[int, int, Hypothesis]:
+    """(line number, rank, hypothesis) of a line format_hypothesis wrote."""
+    number, rank, score, log_prob, text = line.rstrip("\n").split("\t", 4)
+    return int(number), int(rank), Hypothesis(text, float(score), float(log_prob))
+
+
 class Translator:
-    """Translates lists of sentences; compiled once per (batch, bucket length) shape."""
+    """Translates lists of sentences; compiled once per (batch, bucket length) shape.
+
+    With `nbest` = K ≥ 1 it also keeps the K best hypotheses with their scores
+    (translate_nbest; translate_stream then writes the n-best format of the module docstring).
+    """
 
     def __init__(
         self,
@@ -265,14 +357,23 @@ class Translator:
         decode: DecodeConfig,
         warn: Callable[[str], None] | None = None,
         grammar: TreeGrammar | None = None,
+        nbest: int = 0,
     ) -> None:
         if not configs:
             raise ValueError("at least one model is needed")
+        if not 0 <= nbest <= (1 if decode.sample else decode.beam_size):
+            raise ValueError(
+                f"nbest {nbest} must be 1..decode.beam_size ({decode.beam_size}), 1 to sample"
+            )
         self.tokenizer = tokenizer
         self.decode_config = decode
+        self.nbest = nbest
         self._trained_configs = list(configs)
         self.set_params(params_list)
-        configs = [layout.for_decoding(config, None)[0] for config in configs]
+        configs = [
+            decoding_model_config(layout.for_decoding(config, None)[0], decode)
+            for config in configs
+        ]
         learned = [c.max_length for c in configs if c.positional == "learned"]
         self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
@@ -288,8 +389,11 @@ class Translator:
                 max_len_offset=decode.max_len_offset,
                 max_positions=min(learned) if learned else None,
                 initial_cache_length=decode.initial_cache_length,
-                sampling=(decode.temperature, decode.top_k) if decode.sample else None,
+                sampling=(decode.temperature, decode.top_k, decode.top_p)
+                if decode.sample
+                else None,
                 grammar=grammar,
+                nbest=nbest,
             ),
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
@@ -327,8 +431,31 @@ class Translator:
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
         """One output per input, in order; empty (or whitespace) input gives empty output."""
-        sources = self._source_ids(lines, first_line)
+        if self.nbest:
+            return [best[0].text for best in self.translate_nbest(lines, first_line)]
         outputs = [""] * len(lines)
+        for index, ids in self._decoded(lines, first_line):
+            outputs[index] = self.tokenizer.decode(ids.tolist())
+        return outputs
+
+    def translate_nbest(self, lines: Sequence[str], first_line: int = 1) -> list[list[Hypothesis]]:
+        """The `nbest` best hypotheses of each input, best first, in input order; an empty
+        (or whitespace) input gets `nbest` empty texts scored nan."""
+        if not self.nbest:
+            raise ValueError("this Translator was made without nbest")
+        unscored = Hypothesis("", float("nan"), float("nan"))
+        outputs = [[unscored] * self.nbest for _ in lines]
+        for index, (sequences, scores, log_probs) in self._decoded(lines, first_line):
+            texts = self.tokenizer.decode_batch(sequences.tolist())
+            outputs[index] = [
+                Hypothesis(text, float(score), float(log_prob))
+                for text, score, log_prob in zip(texts, scores, log_probs, strict=True)
+            ]
+        return outputs
+
+    def _decoded(self, lines: Sequence[str], first_line: int) -> Iterator[tuple[int, Any]]:
+        """(input index, its row of the search's host output) for every non-empty input."""
+        sources = self._source_ids(lines, first_line)
         order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
         batch = self.decode_config.batch_sentences
         for start in range(0, len(order), batch):
@@ -342,10 +469,11 @@ class Translator:
             extra = {}
             if self._grammar is not None:
                 extra = self._grammar_inputs([lines[i] for i in chunk], batch)
-            ids = np.asarray(self._decode(self.params_list, src, row_keys=keys, **extra))
+            result = jax.tree.map(
+                np.asarray, self._decode(self.params_list, src, row_keys=keys, **extra)
+            )
             for row, index in enumerate(chunk):
-                outputs[index] = self.tokenizer.decode(ids[row].tolist())
-        return outputs
+                yield index, jax.tree.map(lambda x, row=row: x[row], result)
 
     def _grammar_inputs(self, lines: list[str], rows: int) -> dict[str, Any]:
         """What the grammar needs to know of each line: a tree has one leaf per whitespace
@@ -376,11 +504,17 @@ class Translator:
         return jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers)
 
     def translate_stream(self, lines: TextIO, out: TextIO, chunk_lines: int = 1024) -> int:
-        """Reads lines, writes one translation per line (flushed per chunk); returns count."""
+        """Reads lines, writes one translation per line (with nbest, `nbest` lines in the
+        module docstring's format) flushed per chunk; returns the number of lines read."""
         count = 0
         for chunk in _chunks(lines, chunk_lines):
-            for translation in self.translate(chunk, first_line=count + 1):
-                out.write(translation.replace("\n", " ") + "\n")
+            if self.nbest:
+                for offset, best in enumerate(self.translate_nbest(chunk, first_line=count + 1)):
+                    for rank, hypothesis in enumerate(best, start=1):
+                        out.write(format_hypothesis(count + 1 + offset, rank, hypothesis) + "\n")
+            else:
+                for translation in self.translate(chunk, first_line=count + 1):
+                    out.write(translation.replace("\n", " ") + "\n")
             out.flush()
             count += len(chunk)
         return count

@@ -15,6 +15,7 @@ from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.experiment import Experiment
 from attnmt.data.pipeline import BatchIterator
 from attnmt.decode.translate import Translator
+from attnmt.errors import ConfigError
 from attnmt.metrics import MetricsSink
 from attnmt.parallel.mesh import make_mesh
 from attnmt.storage import Path, as_path
@@ -23,6 +24,7 @@ from attnmt.train.inputs import TrainInputs, prepare_inputs, with_recorded_data_
 from attnmt.train.loop import Trainer, TrainResult
 from attnmt.train.preflight import memory_preflight
 from attnmt.train.program import TrainProgram, build_program
+from attnmt.train.stopping import BestSoFar, best_after_resume
 from attnmt.train.validation import Validation
 
 log = logging.getLogger("attnmt.train")
@@ -39,6 +41,7 @@ def build_trainer(
     workdir = as_path(workdir, "--workdir")
     mesh = make_mesh(experiment.parallel)
     inputs = prepare_inputs(experiment, workdir, mesh)
+    _check_best_is_measured(experiment, inputs)
     program = build_program(experiment, mesh)
     if experiment.train.memory_preflight:
         memory_preflight(
@@ -46,7 +49,10 @@ def build_trainer(
         )
     # The trainer is the only writer, so it may delete saves a killed run left unfinished.
     checkpoints = CheckpointManager(
-        workdir, keep=experiment.train.keep_checkpoints, clean_up_unfinished=True
+        workdir,
+        keep=experiment.train.keep_checkpoints,
+        clean_up_unfinished=True,
+        keep_best_by=experiment.train.keep_best_by,
     )
     state = _initial_state(program, checkpoints, inputs.train_batches, workdir)
     return Trainer(
@@ -56,7 +62,38 @@ def build_trainer(
         checkpoints,
         MetricsSink(workdir, enabled=jax.process_index() == 0),
         _validation(program, inputs),
+        _best_so_far(experiment, checkpoints, state),
     )
+
+
+def _check_best_is_measured(experiment: Experiment, inputs: TrainInputs) -> None:
+    """train.keep_best_by ranks an evaluation that needs data.eval_split (TrainConfig
+    checked the intervals; the split is the data section's)."""
+    by = experiment.train.keep_best_by
+    measured = {"loss": inputs.evaluation is not None, "bleu": bool(inputs.bleu_pairs)}
+    if by and not measured[by]:
+        raise ConfigError(
+            f"train.keep_best_by={by!r} needs an evaluation split: set data.eval_split "
+            f"(now {experiment.data.eval_split!r}) to a split with sentences"
+        )
+
+
+def _best_so_far(
+    experiment: Experiment, checkpoints: CheckpointManager, state: steps.TrainState
+) -> BestSoFar | None:
+    """train.keep_best_by's best so far: a resumed run's is read from its checkpoints."""
+    if not experiment.train.keep_best_by:
+        return None
+    best = best_after_resume(experiment.train, checkpoints.best(), int(state.step))
+    if best.step is not None:
+        log.info(
+            "best validation %s so far: %.4f at step %d (%d evaluation(s) since)",
+            best.metric,
+            best.value,
+            best.step,
+            best.since_best,
+        )
+    return best
 
 
 def _initial_state(

@@ -15,13 +15,19 @@ from attnmt.config.model import ModelConfig
 from attnmt.data.pipeline import padding_fraction, split_batch
 from attnmt.metrics import MetricsSink, progress_bar
 from attnmt.model.flops import example_lengths, train_flops
-from attnmt.parallel.agreement import sum_over_processes
+from attnmt.parallel.agreement import any_process, sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs
 from attnmt.train.profiling import Profiler
 from attnmt.train.program import TrainProgram
-from attnmt.train.stopping import SIGTERM_REASON, Decision, StepDecisions, StopSignal
+from attnmt.train.stopping import (
+    SIGTERM_REASON,
+    BestSoFar,
+    Decision,
+    StepDecisions,
+    StopSignal,
+)
 from attnmt.train.validation import Validation
 
 log = logging.getLogger("attnmt.train")
@@ -38,6 +44,8 @@ class TrainResult:
     last_eval: dict[str, float]
     stopped_because: str
     exit_code: int = 0  # EXIT_PREEMPTED after a SIGTERM: the run is to be resumed
+    best_step: int | None = None  # train.keep_best_by: the best step kept (`--step best`)
+    best_value: float | None = None
 
 
 @dataclasses.dataclass
@@ -77,6 +85,7 @@ class Trainer:
         checkpoints: CheckpointManager,
         metrics: MetricsSink,
         validation: Validation,
+        best: BestSoFar | None = None,
     ) -> None:
         self.program = program
         self.experiment = program.experiment
@@ -88,6 +97,10 @@ class Trainer:
         self.metrics = metrics
         self.validation = validation
         train = self.experiment.train
+        # train.keep_best_by: what was best so far (a resumed run's comes from assemble).
+        self.best = best
+        if train.keep_best_by and best is None:
+            self.best = BestSoFar(train.keep_best_by, train.early_stop_patience)
         self.profiler = Profiler(
             inputs.workdir / "profile", train.profile_first_step, train.profile_num_steps
         )
@@ -126,9 +139,10 @@ class Trainer:
         """Loss, perplexity and accuracy on the whole evaluation split (no dropout)."""
         return self.validation.loss(self.state.params)
 
-    def _save(self) -> bool:
+    def _save(self, metric: float | None = None) -> bool:
         """Checkpoints the state and the data position after the last update drawn; False
-        when nothing was written (mid-way through skipped updates, or saved already)."""
+        when nothing was written (mid-way through skipped updates, or saved already).
+        `metric`: the step's train.keep_best_by value, when it is a new best."""
         step, skipping = (
             int(x) for x in jax.device_get((self.state.step, self.state.skipped_steps))
         )
@@ -138,10 +152,24 @@ class Trainer:
             return False
         if step in self.checkpoints.all_steps():
             return False
+        # The metric is passed only when there is one: the plain call is what wrappers of
+        # CheckpointManager.save (tests/parallel/probe.py) expect.
+        best = {} if metric is None else {"metric": metric}
         self.checkpoints.save(
-            step, self.state, self.train_batches.get_state(), self.experiment.to_dict()
+            step, self.state, self.train_batches.get_state(), self.experiment.to_dict(), **best
         )
         return True
+
+    def _track_best(self, step: int, value: float) -> bool:
+        """Records an evaluation of train.keep_best_by; a new best is checkpointed at once
+        (with its value, which keeps it from rotation). True when a checkpoint was written."""
+        assert self.best is not None
+        # Agreed, so that every process takes part in the save (the values are job-wide).
+        improved = bool(any_process([self.best.improves(value)])[0])
+        self.best.record(step, value, improved)
+        if improved:
+            log.info("step %d: new best validation %s %.4f", step, self.best.metric, value)
+        return improved and self._save(metric=value)
 
     def run(self) -> TrainResult:
         train = self.experiment.train
@@ -162,28 +190,36 @@ class Trainer:
                 self.checkpoints.close()
                 self.metrics.close()
         stopped = decision.stop
-        if stopped == SIGTERM_REASON:
+        best_step, best_value = (self.best.step, self.best.value) if self.best else (None, None)
+        if best_step is not None:
+            stopped += f"; best validation {self.best.metric} {best_value:.4f} at step {best_step}"
+        if decision.stop == SIGTERM_REASON:
             stopped += "; rerun the same command to resume"
         log.info(
             "stopped at step %d: %s; checkpoints in %s", step, stopped, self.checkpoints.directory
         )
         exit_code = EXIT_PREEMPTED if decision.stop == SIGTERM_REASON else 0
-        return TrainResult(step, self.last_train, self.last_eval, stopped, exit_code)
+        return TrainResult(
+            step, self.last_train, self.last_eval, stopped, exit_code, best_step, best_value
+        )
 
     def _loop(self, decisions: StepDecisions, step: int, bar: Any) -> tuple[Decision, int]:
         """Updates until the agreed decision is to stop; returns it and the last step."""
-        decision = decisions.at(step)
+        decision = decisions.at(step, self._patience_out())
         while not decision.stop:
             step, consecutive = self._train_once()
             if consecutive:
                 self._check_skips(step, consecutive)
             elif self._after_update(step, bar):
                 decisions.checkpointed()
-            decision = decisions.at(step)
+            decision = decisions.at(step, self._patience_out())
             # Saving never changes the state: a time-based save cannot change the results.
             if decision.checkpoint and self._save():
                 decisions.checkpointed()
         return decision, step
+
+    def _patience_out(self) -> bool:
+        return self.best is not None and self.best.exhausted
 
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update; returns (updates applied, consecutive updates skipped)."""
@@ -205,7 +241,7 @@ class Trainer:
         applied): all decided by the step alone, so the same on every process. True when a
         checkpoint was written."""
         train = self.experiment.train
-        last = step == train.num_steps
+        last, saved = step == train.num_steps, False
         if step % train.log_every_steps == 0 or last:
             self.last_train = self._log_window(step)
             bar.update(
@@ -218,11 +254,16 @@ class Trainer:
         ):
             self.last_eval = self.evaluate()
             self.metrics.write("eval", step, self.last_eval)
+            if train.keep_best_by == "loss":
+                saved = self._track_best(step, self.last_eval["loss"])
         if self.validation.bleu_pairs and (step % train.bleu_every_steps == 0 or last):
-            self.metrics.write("bleu", step, self.validation.bleu(self.state.params))
+            bleu = self.validation.bleu(self.state.params)
+            self.metrics.write("bleu", step, bleu)
+            if train.keep_best_by == "bleu":
+                saved = self._track_best(step, bleu["sacrebleu"])
         if train.checkpoint_every_steps and step % train.checkpoint_every_steps == 0:
-            return self._save()
-        return False
+            saved = self._save() or saved
+        return saved
 
     def _log_window(self, step: int) -> dict[str, float]:
         window, self._window = self._window, _Window()

@@ -5,12 +5,14 @@ save, the last barrier): if one host took them a step earlier than another, the 
 hang. Steps are the same everywhere, but clocks and signals are not: each host's clock
 runs on its own, and a maintenance event sends SIGTERM to some hosts only. So each process
 proposes from its own clock and signal, one all-gather of a few flags per update shares
-the proposals, and a yes from any process is everyone's.
+the proposals, and a yes from any process is everyone's. Early stopping (no improvement
+of train.keep_best_by in train.early_stop_patience evaluations) is agreed the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from attnmt.checkpoint.manager import BEST_MODES
 from attnmt.config.train import TrainConfig
 from attnmt.parallel.agreement import any_process
 
@@ -58,6 +61,58 @@ class Decision:
     checkpoint: bool  # a time-based checkpoint is due (step-based ones need no agreement)
 
 
+def early_stop_reason(train: TrainConfig) -> str:
+    """The same words on every process, whichever of them proposed the stop."""
+    return (
+        f"early stopping: validation {train.keep_best_by} did not improve in "
+        f"{train.early_stop_patience} evaluations"
+    )
+
+
+@dataclasses.dataclass
+class BestSoFar:
+    """The best `train.keep_best_by` value so far, its step, and the evaluations since."""
+
+    metric: str  # "loss" or "bleu"
+    patience: int  # 0: never exhausted
+    step: int | None = None
+    value: float | None = None
+    since_best: int = 0
+
+    def improves(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.value is None:
+            return True
+        return value < self.value if BEST_MODES[self.metric] == "min" else value > self.value
+
+    def record(self, step: int, value: float, improved: bool) -> None:
+        """One evaluation at `step`; `improved` as agreed by every process."""
+        if improved:
+            self.step, self.value, self.since_best = step, value, 0
+        else:
+            self.since_best += 1
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(self.patience) and self.since_best >= self.patience
+
+
+def best_after_resume(
+    train: TrainConfig, best: tuple[int, float] | None, resumed_step: int
+) -> BestSoFar:
+    """What the interrupted run knew at `resumed_step`: its best (saved with the best step's
+    checkpoint) and the evaluations since it, counted on the evaluation schedule (those
+    after the checkpoint are run again, so they do not count)."""
+    tracker = BestSoFar(train.keep_best_by, train.early_stop_patience)
+    if best is None or best[0] > resumed_step:
+        return tracker
+    every = train.eval_every_steps if train.keep_best_by == "loss" else train.bleu_every_steps
+    tracker.step, tracker.value = best
+    tracker.since_best = resumed_step // every - best[0] // every
+    return tracker
+
+
 class StepDecisions:
     """The stop and time-based checkpoint decisions at each update boundary, agreed.
 
@@ -79,7 +134,8 @@ class StepDecisions:
         """A checkpoint was written now: the time-based interval starts again."""
         self._last_checkpoint = self._clock()
 
-    def at(self, step: int) -> Decision:
+    def at(self, step: int, early_stop: bool = False) -> Decision:
+        """`early_stop`: this process's patience ran out (BestSoFar.exhausted)."""
         train, now = self._train, self._clock()
         if step >= train.num_steps:  # the same step on every process: nothing to share
             return Decision("finished", False)
@@ -90,12 +146,15 @@ class StepDecisions:
                 bool(train.time_limit_minutes)
                 and now - self._start >= 60 * train.time_limit_minutes,
                 bool(minutes) and now - self._last_checkpoint >= 60 * minutes,
+                early_stop,
             ]
         )
-        sigterm, out_of_time, checkpoint = (bool(x) for x in any_process(proposal))
+        sigterm, out_of_time, checkpoint, patience_out = (bool(x) for x in any_process(proposal))
         if sigterm:
             self._signal.requested = True  # this process stops for a peer's signal too
             return Decision(SIGTERM_REASON, False)
+        if patience_out:  # a finished run (exit 0), so it comes before the time limit
+            return Decision(early_stop_reason(train), False)
         if out_of_time:
             return Decision(f"time limit of {train.time_limit_minutes} minutes reached", False)
         return Decision("", checkpoint)
