@@ -251,6 +251,22 @@ def translate_cli(workdir: Path, folder: Path, *flags: str) -> list[str]:
     return target.read_text(encoding="utf-8").splitlines()
 
 
+# Lines for the decoding commands: an empty one and a repeated word pair included.
+DECODE_LINES = "the dog runs\na red house\n\ncat\nbig small big small\n"
+
+
+def translate_lines(workdir: Path, folder: Path, name: str, *flags: str) -> list[str]:
+    """`attnmt translate` of DECODE_LINES into `<folder>/<name>.txt`, read back split at
+    "\n" only (a sample may hold U+2028 and the like: the vocabulary has them)."""
+    from attnmt.cli.main import main
+
+    source, target = folder / "input.txt", folder / f"{name}.txt"
+    source.write_text(DECODE_LINES)
+    args = ["translate", "--workdir", str(workdir), "--input", str(source)]
+    assert main([*args, "--output", str(target), *flags]) == 0
+    return target.read_text(encoding="utf-8").split("\n")[:-1]
+
+
 # ---- small checkpoint states ------------------------------------------------------------
 
 

@@ -166,3 +166,24 @@ def test_the_readme_layout_names_every_module_where_it_is():
     listed = {name for name in entries if name.endswith(("/", ".py"))}
     on_disk = {p.name + ("/" if p.is_dir() else "") for p in package.iterdir()}
     assert listed <= on_disk, sorted(listed - on_disk)
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared test code lives in helper modules (tests/helpers.py and the like), never in a
+    test module that another one imports (which would also collect its tests twice)."""
+    tests = SRC.parent / "tests"
+    offending = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                relative = isinstance(node, ast.ImportFrom) and node.level > 0
+                if (relative or name.startswith("tests.")) and name.rsplit(".", 1)[-1].startswith(
+                    "test_"
+                ):
+                    offending.append(f"{path.relative_to(tests)} imports {name}")
+    assert offending == [], offending

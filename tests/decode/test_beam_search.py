@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnmt.config.xla import compiler_options
 from attnmt.decode.beam_search import (
     CacheGrowth,
     beam_search,
@@ -27,89 +26,27 @@ from attnmt.decode.beam_search import (
     greedy_search,
     sample,
 )
-
-PAD, EOS, BOS = 0, 1, 2
-# XLA's backend at optimisation level 0 compiles the searches about twice as fast; the
-# float64 references bound the results, not the compiled code's speed.
-fast_jit = functools.partial(jax.jit, compiler_options=compiler_options(0))
-
+from tests.decode.search_reference import (
+    BOS,
+    EOS,
+    PAD,
+    SHAPES,
+    brute_force,
+    constant_model,
+    fast_jit,
+    gnmt_score,
+    log_softmax64,
+    make_cache,
+    random_tables,
+    sequence_log_prob,
+    strip,
+    table_model,
+)
 
 # --------------------------------------------------------------------------- test model
 
 
-def table_model(tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-    table = cache["table"]  # [rows, length, vocab(prev), vocab(last), vocab(next)]
-    rows = table.shape[0]
-    pos = jnp.minimum(cache["pos"], table.shape[1] - 1)  # [rows]
-    last = tokens[:, 0]  # [rows]
-    by_prev = table[jnp.arange(rows), pos, :, last]  # [rows, vocab(prev), vocab(next)]
-    logits = jnp.einsum("rp,rpv->rv", cache["prev"], by_prev)  # [rows, vocab]
-    new_cache = {
-        "table": table,
-        "pos": cache["pos"] + 1,
-        "prev": jax.nn.one_hot(last, table.shape[-1], dtype=jnp.float32),
-        "step": cache["step"] + 1,
-    }
-    return logits, new_cache
-
-
-def make_cache(tables: np.ndarray) -> dict:
-    """tables: [batch, length, vocab, vocab, vocab] -> cache with ``batch`` rows."""
-    batch, vocab = tables.shape[0], tables.shape[-1]
-    return {
-        "table": jnp.asarray(tables, jnp.float32),
-        "pos": jnp.zeros((batch,), jnp.int32),
-        "prev": jax.nn.one_hot(jnp.full((batch,), PAD), vocab, dtype=jnp.float32),
-        "step": jnp.array(0, jnp.int32),
-    }
-
-
-def random_tables(seed: int, batch: int, length: int, vocab: int) -> np.ndarray:
-    # Scale 2 gives peaked but not degenerate distributions, so hypotheses rarely tie.
-    return np.random.default_rng(seed).normal(0.0, 2.0, (batch, length, vocab, vocab, vocab))
-
-
 # --------------------------------------------------------------------------- references
-
-
-def log_softmax64(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
-def sequence_log_prob(table: np.ndarray, seq: tuple[int, ...], logp=None) -> float:
-    """float64 log P(seq) under one sentence's table (seq excludes BOS, includes EOS);
-    `logp`: the table's log_softmax64, when the caller has it already."""
-    logp = log_softmax64(table) if logp is None else logp
-    prev, last, total = PAD, BOS, 0.0
-    for t, tok in enumerate(seq):
-        total += logp[t, prev, last, tok]
-        prev, last = last, tok
-    return total
-
-
-def gnmt_score(log_prob: float, length: int, alpha: float) -> float:
-    return log_prob / ((5.0 + length) / 6.0) ** alpha
-
-
-def brute_force(table: np.ndarray, max_len: int, alpha: float) -> list[tuple[float, tuple]]:
-    """All sequences of <= max_len tokens ending in EOS (no PAD/BOS), best first."""
-    content = range(3, table.shape[-1])
-    logp = log_softmax64(table)
-    results = []
-    for m in range(max_len):
-        for body in itertools.product(content, repeat=m):
-            seq = (*body, EOS)
-            score = gnmt_score(sequence_log_prob(table, seq, logp), len(seq), alpha)
-            results.append((score, seq))
-    return sorted(results, key=lambda r: -r[0])
-
-
-def strip(row: np.ndarray) -> tuple[int, ...]:
-    """Tokens up to and including the first EOS."""
-    row = list(row)
-    return tuple(row[: row.index(EOS) + 1]) if EOS in row else tuple(row)
 
 
 # --------------------------------------------------------------------------- jitted decoders
@@ -148,15 +85,6 @@ def check_against_brute_force(seqs, scores, tables, max_lengths, alpha, log_tabl
 
 
 # --------------------------------------------------------------------------- beam search
-
-
-# (vocab, length, beam) with C = vocab - 3 content tokens. Beam search is exhaustive when the
-# beam holds every candidate of every step: beam >= (C + 1) * C^t for t <= length - 2 (EOS is
-# only accepted from the top beam_size candidates of a step) and beam >= C^(length - 1) (live
-# prefixes at the forced-EOS step). Then it must return exactly the brute-force top-k. Case 1
-# has 15 sequences for 16 slots (one empty slot); case 2 has 31 sequences for 24 slots
-# (truncation, so the early-stop bound decides when sentences finish).
-SHAPES = [(5, 4, 16), (5, 5, 24)]
 
 
 @pytest.mark.parametrize(("vocab", "length", "beam"), SHAPES)
@@ -317,16 +245,6 @@ def test_sampling_top1_is_greedy_and_deterministic():
             max_decode_len=length,
             temperature=-1.0,
         )
-
-
-def constant_model(logits: np.ndarray):
-    """Same next-token logits at every step and row; the cache is a per-row counter."""
-    row = jnp.asarray(logits, jnp.float32)
-
-    def fn(tokens, cache):
-        return jnp.broadcast_to(row, (tokens.shape[0], row.shape[0])), cache + 1
-
-    return fn
 
 
 def test_sampling_is_deterministic_for_fixed_rng():

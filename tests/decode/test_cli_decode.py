@@ -4,18 +4,7 @@ refuse overrides they cannot use (naming the key) instead of ignoring them."""
 import pytest
 
 from attnmt.cli.main import main
-
-LINES = "the dog runs\na red house\n\ncat\nbig small big small\n"
-
-
-def _translate(root, tmp_path, name, *flags):
-    source = tmp_path / "input.txt"
-    source.write_text(LINES)
-    target = tmp_path / f"{name}.txt"
-    argv = ["translate", "--workdir", str(root), "--input", str(source), "--output", str(target)]
-    assert main([*argv, *flags]) == 0
-    # Only "\n" ends a line: a sample may hold U+2028 and the like (the vocabulary has them).
-    return target.read_text(encoding="utf-8").split("\n")[:-1]
+from tests.helpers import translate_lines
 
 
 def test_translate_samples_by_flag_or_override_and_repeats_with_the_seed(
@@ -23,22 +12,26 @@ def test_translate_samples_by_flag_or_override_and_repeats_with_the_seed(
     tmp_path,
 ):
     root = workdir[0]
-    searched = _translate(root, tmp_path, "beam")
-    by_flag = _translate(root, tmp_path, "flag", "--sample", "--temperature", "5", "--seed", "3")
+    searched = translate_lines(root, tmp_path, "beam")
+    by_flag = translate_lines(
+        root, tmp_path, "flag", "--sample", "--temperature", "5", "--seed", "3"
+    )
     assert len(by_flag) == len(searched) == 5 and by_flag[2] == ""
     assert by_flag != searched
     overrides = ["--config.decode.sample=true", "--config.decode.temperature=5"]
-    by_config = _translate(root, tmp_path, "config", *overrides, "--config.decode.seed=3")
+    by_config = translate_lines(root, tmp_path, "config", *overrides, "--config.decode.seed=3")
     assert by_config == by_flag
     # A flag wins over the override of the same setting.
-    both = _translate(root, tmp_path, "both", *overrides, "--config.decode.seed=4", "--seed", "3")
+    both = translate_lines(
+        root, tmp_path, "both", *overrides, "--config.decode.seed=4", "--seed", "3"
+    )
     assert both == by_flag
 
 
 def test_decode_overrides_reach_the_search(workdir, tmp_path):
     root = workdir[0]
-    greedy = _translate(root, tmp_path, "greedy", "--beam", "1")
-    assert _translate(root, tmp_path, "override", "--config.decode.beam_size=1") == greedy
+    greedy = translate_lines(root, tmp_path, "greedy", "--beam", "1")
+    assert translate_lines(root, tmp_path, "override", "--config.decode.beam_size=1") == greedy
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,8 @@ import pytest
 from attnmt.cli.main import main
 from attnmt.config.decode import DecodeConfig
 from attnmt.data.tokenizer import Tokenizer
-from attnmt.decode.translate import Translator, decoding_model_config
+from attnmt.decode.translate import Translator, decoding_model_config, parse_hypothesis
 from attnmt.errors import ConfigError
-from tests.decode.test_nbest import parse_hypothesis
 from tests.helpers import WORDS, tiny_model
 
 U_BF16 = 2.0**-8

@@ -24,7 +24,7 @@ from attnmt.decode.translate import (
     parse_hypothesis,
 )
 from attnmt.model.transformer import Transformer
-from tests.decode.test_beam_search import (
+from tests.decode.search_reference import (
     SHAPES,
     brute_force,
     fast_jit,

@@ -15,7 +15,8 @@ from attnmt.cli.main import main
 from attnmt.config.decode import DecodeConfig
 from attnmt.decode.beam_search import nucleus, sample
 from attnmt.errors import ConfigError
-from tests.decode.test_beam_search import BOS, EOS, PAD, constant_model, fast_jit
+from tests.decode.search_reference import BOS, EOS, PAD, constant_model, fast_jit
+from tests.helpers import translate_lines
 
 
 def nucleus_reference(probs: np.ndarray, top_p: float) -> np.ndarray:
@@ -133,18 +134,6 @@ def test_bad_top_p_is_refused(top_p):
         DecodeConfig(top_p=top_p)
 
 
-LINES = "the dog runs\na red house\n\ncat\nbig small big small\n"
-
-
-def _translate(root, tmp_path, name, *flags):
-    source = tmp_path / "input.txt"
-    source.write_text(LINES)
-    target = tmp_path / f"{name}.txt"
-    argv = ["translate", "--workdir", str(root), "--input", str(source), "--output", str(target)]
-    assert main([*argv, "--xla-opt-level", "0", *flags]) == 0
-    return target.read_text(encoding="utf-8").split("\n")[:-1]
-
-
 def test_top_p_reaches_the_search_from_flag_and_override(workdir, tmp_path):
     root = workdir[0]
     greedy = _translate(root, tmp_path, "greedy", "--beam", "1")
@@ -160,3 +149,7 @@ def test_top_p_reaches_the_search_from_flag_and_override(workdir, tmp_path):
 def test_cli_names_a_bad_top_p(workdir, capsys):
     assert main(["translate", "--workdir", str(workdir[0]), "--sample", "--top-p", "1.5"]) == 2
     assert "decode.top_p" in capsys.readouterr().err
+
+
+def _translate(root, tmp_path, name, *flags):
+    return translate_lines(root, tmp_path, name, "--xla-opt-level", "0", *flags)
