@@ -89,20 +89,35 @@ def run_job(
     devices: int = 2,
     while_running: Callable[[list[subprocess.Popen], list[Path]], None] | None = None,
 ) -> list[tuple[int, str]]:
-    """`argv` as processes 0..processes-1 of one job; each process's (exit code, output).
-
-    `while_running(popens, logs)` is called once all are started (to signal them from
-    outside). The job is killed, and the test failed, past TIMEOUT_S.
-    """
-    port, popens, logs = free_port(), [], []
-    for index in range(processes):
-        process_env = {
+    """`argv` as processes 0..processes-1 of one job joined through the ATTNMT_* variables
+    (launch/local.py's); each process's (exit code, output). See run_processes."""
+    port = free_port()
+    envs = [
+        {
             **env,
             "ATTNMT_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
             "ATTNMT_NUM_PROCESSES": str(processes),
             "ATTNMT_PROCESS_ID": str(index),
             "ATTNMT_LOCAL_DEVICE_COUNT": str(devices),
         }
+        for index in range(processes)
+    ]
+    return run_processes(argv, envs, log_stem, while_running)
+
+
+def run_processes(
+    argv: list[str],
+    envs: list[dict[str, str]],
+    log_stem: Path,
+    while_running: Callable[[list[subprocess.Popen], list[Path]], None] | None = None,
+) -> list[tuple[int, str]]:
+    """`argv` once per environment in `envs`, all at once; each one's (exit code, output).
+
+    `while_running(popens, logs)` is called once all are started (to signal them from
+    outside). The processes are killed, and the test failed, past TIMEOUT_S.
+    """
+    popens, logs = [], []
+    for index, process_env in enumerate(envs):
         logs.append(Path(f"{log_stem}.{index}.{time.monotonic_ns()}.log"))
         with logs[-1].open("wb") as log:  # the child keeps its own descriptor
             popens.append(

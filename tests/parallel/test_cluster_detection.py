@@ -15,9 +15,7 @@ import contextlib
 import os
 import re
 import shlex
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -33,7 +31,7 @@ from attnmt.parallel.distributed import initialize, plan_from_environment
 from launch import gke, local, slurm, tpu_vm
 from launch.common import add_run_arguments, run_from_args
 from tests.parallel.fake_metadata import fake_metadata_server
-from tests.parallel.jobs import REPO, job_env, train_args, write_corpus
+from tests.parallel.jobs import job_env, run_processes, train_args, write_corpus
 
 # Variables of any launcher or platform, cleared before each test sets its own.
 PREFIXES = ("ATTNMT_", "SLURM_", "TPU_", "MEGASCALE_", "GCE_METADATA", "JAX_COORDINATOR")
@@ -372,29 +370,13 @@ def test_two_processes_started_as_the_launcher_starts_them_reach_step_1(tmp_path
     argv = [sys.executable, "-m", "attnmt.cli.main", *train_args(corpus, tmp_path / "run", 1)]
     base = {k: v for k, v in job_env(tmp_path / "cache").items() if not k.startswith(PREFIXES)}
     base = {k: v for k, v in base.items() if k not in OTHERS}
-    logs, processes = [], []
     with contextlib.ExitStack() as stack:
-        for task, launcher_env in enumerate(LAUNCHER_ENVS[launcher](stack)):
-            env = {**base, **launcher_env, "ATTNMT_LOCAL_DEVICE_COUNT": "1"}  # gloo on CPU
-            logs.append(tmp_path / f"task{task}.log")
-            with logs[-1].open("wb") as out:
-                processes.append(
-                    subprocess.Popen(
-                        argv,
-                        env=env,
-                        cwd=REPO,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-        try:
-            codes = [process.wait(timeout=240) for process in processes]
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-    text = [log.read_text(errors="replace") for log in logs]
+        envs = [
+            {**base, **launcher_env, "ATTNMT_LOCAL_DEVICE_COUNT": "1"}  # gloo on CPU
+            for launcher_env in LAUNCHER_ENVS[launcher](stack)
+        ]
+        (code0, log0), (code1, log1) = run_processes(argv, envs, tmp_path / "task")
+    codes, text = [code0, code1], [log0, log1]
     assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
     assert f"from the {LOGGED_SOURCE[launcher]} environment" in text[1], text[1][-3000:]
     assert "process 1 of 2" in text[1] and "stopped at step 1" in text[0]
