@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+from jax.sharding import Mesh
 
 from attnmt.common import BOS_ID, EOS_ID, PAD_ID
 from attnmt.config.decode import DecodeConfig
@@ -40,6 +41,14 @@ from attnmt.config.xla import compiler_options
 from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
+from attnmt.decode.sharded import (
+    data_parallel,
+    decode_mesh,
+    gather_rows,
+    padded_rows,
+    put_rows,
+    replicate,
+)
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.model import layout
 from attnmt.model.transformer import Transformer
@@ -342,8 +351,54 @@ def parse_hypothesis(line: str) -> tuple[int, int, Hypothesis]:
     return int(number), int(rank), Hypothesis(text, float(score), float(log_prob))
 
 
+def _search_rows(
+    configs: Sequence[ModelConfig],
+    decode: DecodeConfig,
+    grammar: TreeGrammar | None,
+    nbest: int,
+) -> Callable[..., Any]:
+    """decode_batch with the settings fixed: `(params_list, src_tokens, row_keys,
+    leaf_counts, word_pieces)`, every argument after the parameters one row per sentence
+    (or None), as sharded.data_parallel takes it."""
+    learned = [c.max_length for c in configs if c.positional == "learned"]
+    search = functools.partial(
+        decode_batch,
+        list(configs),
+        beam_size=decode.beam_size,
+        alpha=decode.alpha,
+        max_len_offset=decode.max_len_offset,
+        max_positions=min(learned) if learned else None,
+        initial_cache_length=decode.initial_cache_length,
+        sampling=(decode.temperature, decode.top_k, decode.top_p) if decode.sample else None,
+        grammar=grammar,
+        nbest=nbest,
+    )
+
+    def rows(
+        params_list: Any,
+        src_tokens: jax.Array,
+        row_keys: jax.Array | None,
+        leaf_counts: jax.Array | None,
+        word_pieces: tuple[jax.Array, jax.Array] | None,
+    ) -> jax.Array | Hypotheses:
+        return search(
+            params_list,
+            src_tokens,
+            row_keys=row_keys,
+            leaf_counts=leaf_counts,
+            word_pieces=word_pieces,
+        )
+
+    return rows
+
+
 class Translator:
     """Translates lists of sentences; compiled once per (batch, bucket length) shape.
+
+    Each batch's sentences are split over the data axes of `mesh` (default: every device
+    of every process, attnmt.decode.sharded), the parameters copied to every device; every
+    process must then call it alike, with the same lines, and every process gets every
+    output.
 
     With `nbest` = K ≥ 1 it also keeps the K best hypotheses with their scores
     (translate_nbest; translate_stream then writes the n-best format of the module docstring).
@@ -358,6 +413,7 @@ class Translator:
         warn: Callable[[str], None] | None = None,
         grammar: TreeGrammar | None = None,
         nbest: int = 0,
+        mesh: Mesh | None = None,
     ) -> None:
         if not configs:
             raise ValueError("at least one model is needed")
@@ -368,33 +424,24 @@ class Translator:
         self.tokenizer = tokenizer
         self.decode_config = decode
         self.nbest = nbest
+        # Sentences are split over every device of every process unless given a mesh (a
+        # one-device mesh decodes as a single device would).
+        self.mesh = decode_mesh() if mesh is None else mesh
         self._trained_configs = list(configs)
         self.set_params(params_list)
         configs = [
             decoding_model_config(layout.for_decoding(config, None)[0], decode)
             for config in configs
         ]
-        learned = [c.max_length for c in configs if c.positional == "learned"]
         self.max_source_length = min(c.max_length for c in configs)
         self.buckets = bucket_lengths(self.max_source_length, min_length=8)
         self._warn = warn or (lambda message: print(message, file=sys.stderr))
         # A grammar's trees have one leaf per whitespace-separated word of the input line.
         self._grammar = grammar
-        self._decode = jax.jit(
-            functools.partial(
-                decode_batch,
-                list(configs),
-                beam_size=decode.beam_size,
-                alpha=decode.alpha,
-                max_len_offset=decode.max_len_offset,
-                max_positions=min(learned) if learned else None,
-                initial_cache_length=decode.initial_cache_length,
-                sampling=(decode.temperature, decode.top_k, decode.top_p)
-                if decode.sample
-                else None,
-                grammar=grammar,
-                nbest=nbest,
-            ),
+        self._decode = data_parallel(
+            _search_rows(configs, decode, grammar, nbest),
+            self.mesh,
+            row_arguments=4,
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
 
@@ -409,9 +456,11 @@ class Translator:
     def set_params(self, params_list: Sequence[Any]) -> None:
         """The parameters to translate with, one per model, as training stores them (None:
         given later). Stacked (scan_layers) ones are converted here, once, not inside
-        every compiled batch; prepare_search then finds the per-layer layout already."""
+        every compiled batch; prepare_search then finds the per-layer layout already. They
+        are copied to every device of the mesh (from one device, or from the shards of a
+        training mesh: then every process must call this alike)."""
         self.params_list = [
-            layout.for_decoding(config, params)[1]
+            None if params is None else replicate(layout.for_decoding(config, params)[1], self.mesh)
             for config, params in zip(self._trained_configs, params_list, strict=True)
         ]
 
@@ -460,20 +509,28 @@ class Translator:
         batch = self.decode_config.batch_sentences
         for start in range(0, len(order), batch):
             chunk = order[start : start + batch]
-            longest = len(sources[chunk[-1]])
-            length = next(b for b in self.buckets if b >= longest)
-            src = np.zeros((batch, length), np.int32)
-            for row, index in enumerate(chunk):
-                src[row, : len(sources[index])] = sources[index]
-            keys = self._row_keys([first_line + index for index in chunk], batch)
-            extra = {}
-            if self._grammar is not None:
-                extra = self._grammar_inputs([lines[i] for i in chunk], batch)
-            result = jax.tree.map(
-                np.asarray, self._decode(self.params_list, src, row_keys=keys, **extra)
-            )
+            placed = self._rows(lines, sources, chunk, first_line)
+            result = gather_rows(self._decode(self.params_list, *placed))
             for row, index in enumerate(chunk):
                 yield index, jax.tree.map(lambda x, row=row: x[row], result)
+
+    def _rows(
+        self, lines: Sequence[str], sources: list[list[int]], chunk: list[int], first_line: int
+    ) -> tuple[Any, ...]:
+        """The search's row arguments for the inputs `chunk` (indices, shortest first), on
+        the mesh: source ids padded to a bucket length, sampling keys and grammar inputs;
+        filler rows (empty, finished at once) up to a multiple of the row shards."""
+        rows = padded_rows(self.decode_config.batch_sentences, self.mesh)
+        length = next(b for b in self.buckets if b >= len(sources[chunk[-1]]))
+        src = np.zeros((rows, length), np.int32)
+        for row, index in enumerate(chunk):
+            src[row, : len(sources[index])] = sources[index]
+        keys = self._row_keys([first_line + index for index in chunk], rows)
+        leaf_counts, word_pieces = None, None
+        if self._grammar is not None:
+            grammar = self._grammar_inputs([lines[i] for i in chunk], rows)
+            leaf_counts, word_pieces = grammar["leaf_counts"], grammar.get("word_pieces")
+        return put_rows((src, keys, leaf_counts, word_pieces), self.mesh)
 
     def _grammar_inputs(self, lines: list[str], rows: int) -> dict[str, Any]:
         """What the grammar needs to know of each line: a tree has one leaf per whitespace
@@ -494,14 +551,14 @@ class Translator:
             starts[row, first[[bool(word) for word in line_words]]] = True
         return {"leaf_counts": counts, "word_pieces": (pieces, starts)}
 
-    def _row_keys(self, line_numbers: list[int], rows: int) -> jax.Array | None:
+    def _row_keys(self, line_numbers: list[int], rows: int) -> np.ndarray | None:
         """Sampling keys: line i's from fold_in(PRNGKey(decode.seed), i), filler rows 0's."""
         if not self.decode_config.sample:
             return None
         numbers = np.zeros(rows, np.uint32)
         numbers[: len(line_numbers)] = line_numbers
         base = jax.random.PRNGKey(self.decode_config.seed)
-        return jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers)
+        return np.asarray(jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers))
 
     def translate_stream(self, lines: TextIO, out: TextIO, chunk_lines: int = 1024) -> int:
         """Reads lines, writes one translation per line (with nbest, `nbest` lines in the
