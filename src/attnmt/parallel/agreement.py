@@ -33,3 +33,8 @@ def sum_over_processes(values: np.ndarray) -> np.ndarray:
     # float32 on the wire (x64 is off): 7 significant digits, plenty for the throughput
     # figures summed here.
     return _gathered(values.astype(np.float32)).astype(np.float64).sum(axis=0)
+
+
+def mean_over_processes(values: np.ndarray) -> np.ndarray:
+    """Element-wise mean of `values` (float[n]) over all processes: the same on each."""
+    return sum_over_processes(values) / jax.process_count()

@@ -19,6 +19,7 @@ from attnmt.parallel.agreement import any_process, sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs
+from attnmt.train.prefetch import Prefetcher
 from attnmt.train.profiling import Profiler
 from attnmt.train.program import TrainProgram
 from attnmt.train.stopping import (
@@ -48,6 +49,24 @@ class TrainResult:
     best_value: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchFigures:
+    """What the log counts of one update's batch (this process's rows): computed on the
+    prefetch thread, off the loop's path."""
+
+    tokens: float  # real (non-pad) target tokens
+    flops: float  # model FLOPs of the real tokens (attnmt.model.flops.train_flops)
+    padding: float  # padding_fraction
+
+    @classmethod
+    def of(cls, batch: dict[str, np.ndarray], model: ModelConfig) -> BatchFigures:
+        return cls(
+            float(np.count_nonzero(batch["tgt_tokens"])),
+            train_flops(model, *example_lengths(batch)),
+            padding_fraction(batch),
+        )
+
+
 @dataclasses.dataclass
 class _Window:
     """What happened since the last log line (metrics stay on device until then)."""
@@ -59,12 +78,10 @@ class _Window:
     batches: int = 0
     start: float = dataclasses.field(default_factory=time.monotonic)
 
-    def add(
-        self, batch: dict[str, np.ndarray], metrics: dict[str, jax.Array], model: ModelConfig
-    ) -> None:
-        self.tokens += float(np.count_nonzero(batch["tgt_tokens"]))
-        self.flops += train_flops(model, *example_lengths(batch))
-        self.padding += padding_fraction(batch)
+    def add(self, figures: BatchFigures, metrics: dict[str, jax.Array]) -> None:
+        self.tokens += figures.tokens
+        self.flops += figures.flops
+        self.padding += figures.padding
         self.batches += 1
         self.metrics.append(metrics)
 
@@ -108,6 +125,15 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._window = _Window()
+        # The loop's view of the run (run() sets them): the step and consecutive skips of
+        # the newest update read from the device, the outcome (its `skipped` metric) of
+        # one dispatched but not read yet, and the data position after the last batch the
+        # loop consumed (what a checkpoint saves; the prefetcher has drawn further).
+        self._step, self._consecutive = 0, 0
+        self._pending: jax.Array | None = None
+        self._position: dict[str, Any] | None = None
+        self._feed: Prefetcher[tuple[dict[str, np.ndarray], BatchFigures]] | None = None
+        self._decisions: StepDecisions | None = None
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -155,9 +181,8 @@ class Trainer:
         # The metric is passed only when there is one: the plain call is what wrappers of
         # CheckpointManager.save (tests/parallel/probe.py) expect.
         best = {} if metric is None else {"metric": metric}
-        self.checkpoints.save(
-            step, self.state, self.train_batches.get_state(), self.experiment.to_dict(), **best
-        )
+        position = self._position or self.train_batches.get_state()
+        self.checkpoints.save(step, self.state, position, self.experiment.to_dict(), **best)
         return True
 
     def _track_best(self, step: int, value: float) -> bool:
@@ -174,7 +199,7 @@ class Trainer:
     def run(self) -> TrainResult:
         train = self.experiment.train
         self._window = _Window()
-        step = int(self.state.step)
+        step = self._start()
         # The handler stays until the end, so a SIGTERM while closing (a launcher stopping
         # the group once a peer has exited) cannot kill a process that is still writing.
         with StopSignal() as signal:
@@ -186,6 +211,7 @@ class Trainer:
                     self.checkpoints.wait()
             finally:
                 # Also on errors: let a save in flight finish, so the newest one is whole.
+                self._stop_feed()
                 self.profiler.close()
                 self.checkpoints.close()
                 self.metrics.close()
@@ -203,38 +229,110 @@ class Trainer:
             step, self.last_train, self.last_eval, stopped, exit_code, best_step, best_value
         )
 
+    def _start(self) -> int:
+        """The step to start from (one host read, before any update)."""
+        step, skipped = (
+            int(x) for x in jax.device_get((self.state.step, self.state.skipped_steps))
+        )
+        self._step, self._consecutive, self._pending = step, skipped, None
+        self._position = self.train_batches.get_state()
+        return step
+
     def _loop(self, decisions: StepDecisions, step: int, bar: Any) -> tuple[Decision, int]:
         """Updates until the agreed decision is to stop; returns it and the last step."""
+        self._decisions = decisions
         decision = decisions.at(step, self._patience_out())
+        if not decision.stop:
+            self._feed = self._start_feed(step)
         while not decision.stop:
             step, consecutive = self._train_once()
-            if consecutive:
-                self._check_skips(step, consecutive)
-            elif self._after_update(step, bar):
+            if consecutive or self._pending is not None:
+                continue  # skipped, or read later: nothing happens at its step
+            if self._after_update(step, bar):
                 decisions.checkpointed()
-            decision = decisions.at(step, self._patience_out())
-            # Saving never changes the state: a time-based save cannot change the results.
-            if decision.checkpoint and self._save():
-                decisions.checkpointed()
+            if decisions.due(step):
+                decision = decisions.at(step, self._patience_out())
+                # Saving never changes the state: a time-based save cannot change the results.
+                if decision.checkpoint and self._save():
+                    decisions.checkpointed()
         return decision, step
 
     def _patience_out(self) -> bool:
         return self.best is not None and self.best.exhausted
 
+    def _start_feed(self, step: int) -> Prefetcher[tuple[dict[str, np.ndarray], BatchFigures]]:
+        """Batches drawn ahead: no more than the updates left need (a skipped update's is
+        added when it is read), so nothing is drawn that a finished run does not use."""
+        train, model = self.experiment.train, self.experiment.model
+
+        def prepare(batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], BatchFigures]:
+            return batch, BatchFigures.of(batch, model)
+
+        return Prefetcher(self.train_batches, prepare, train.prefetch_depth, train.num_steps - step)
+
+    def _stop_feed(self) -> None:
+        """Stops the prefetcher and puts the iterator back after the last batch consumed:
+        the batches drawn ahead are the next run's (or the next call's) to draw again."""
+        if self._feed is None:
+            return
+        self._feed.close()
+        self._feed = None
+        if self._position is not None and self.train_batches.get_state() != self._position:
+            self.train_batches.set_state(self._position)
+
     def _train_once(self) -> tuple[int, int]:
-        """One optimizer update; returns (updates applied, consecutive updates skipped)."""
-        batch = next(self.train_batches)  # this process's rows of the update
+        """One optimizer update from the next prefetched batch; returns (step, consecutive
+        skips) after it. They are read from the device when something happens at the step
+        the update can reach, before the next update is dispatched; otherwise this returns
+        (step + 1, 0), what the host expects, and checks it once the next update is in
+        flight: the host never waits for the device, and a skip is noticed one update late."""
+        assert self._feed is not None
+        item = next(self._feed)  # this process's rows of the update
+        if self.profiler.count and self._pending is None:
+            self.profiler.before_update(self._step)
+        batch, figures = item.value
         rows = self.plan.process_micro_rows(len(batch["src_tokens"]))
         micro_batches = split_batch(batch, self.accumulation_steps, rows)
-        if self.profiler.count:  # reading the step is a host sync: only when tracing
-            self.profiler.before_update(int(self.state.step))
         metrics = self._one_update([put_batch(b, self.mesh) for b in micro_batches])
-        self._window.add(batch, metrics, self.experiment.model)
-        # One small host sync per update: the non-finite guard and every step boundary
-        # (checkpoint, SIGTERM) must see each update, not only those at logging intervals.
-        step, consecutive = jax.device_get((self.state.step, self.state.skipped_steps))
-        self.profiler.after_update(int(step))
-        return int(step), int(consecutive)
+        self._position = item.position
+        self._window.add(figures, metrics)
+        # The outcome comes from the metrics: the state's own step is donated to the next update.
+        lagging, self._pending = self._pending, metrics["skipped"]
+        if lagging is not None:
+            self._read(lagging)
+        if not self._eventful(self._step + 1):
+            return self._step + 1, 0
+        self._read(self._pending)
+        self._pending = None
+        return self._step, self._consecutive
+
+    def _read(self, skipped: jax.Array) -> None:
+        """Takes in a dispatched update's outcome (a host read: it waits for that update)."""
+        if int(jax.device_get(skipped)):
+            self._consecutive += 1
+            assert self._feed is not None
+            self._feed.allow(1)  # the update is drawn again, from the next batch
+            self._check_skips(self._step, self._consecutive)
+        else:
+            self._step, self._consecutive = self._step + 1, 0
+        self.profiler.after_update(self._step)
+
+    def _eventful(self, step: int) -> bool:
+        """Whether anything happens once `step` is reached: a log line, an evaluation, a
+        checkpoint, the end, a profiled update or an agreement (`StepDecisions.due`)."""
+        train, profiler = self.experiment.train, self.profiler
+        every = [train.log_every_steps, train.checkpoint_every_steps]
+        if train.eval_every_steps and self.validation.split is not None:
+            every.append(train.eval_every_steps)
+        if self.validation.bleu_pairs:
+            every.append(train.bleu_every_steps)
+        profiled = profiler.count and profiler.first <= step <= profiler.first + profiler.count
+        return (
+            step >= train.num_steps
+            or bool(profiled)
+            or any(n and step % n == 0 for n in every)
+            or (self._decisions is not None and self._decisions.due(step))
+        )
 
     def _after_update(self, step: int, bar: Any) -> bool:
         """Logging, evaluation and step-based checkpoints due at `step` (an update that was

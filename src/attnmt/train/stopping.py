@@ -4,9 +4,16 @@ A checkpoint and the end of training both lead into collectives (Orbax's multi-p
 save, the last barrier): if one host took them a step earlier than another, the job would
 hang. Steps are the same everywhere, but clocks and signals are not: each host's clock
 runs on its own, and a maintenance event sends SIGTERM to some hosts only. So each process
-proposes from its own clock and signal, one all-gather of a few flags per update shares
-the proposals, and a yes from any process is everyone's. Early stopping (no improvement
-of train.keep_best_by in train.early_stop_patience evaluations) is agreed the same way.
+proposes from its own clock and signal, one all-gather of a few flags shares the
+proposals, and a yes from any process is everyone's. Early stopping (no improvement of
+train.keep_best_by in train.early_stop_patience evaluations) is agreed the same way.
+
+An all-gather waits for the devices (it queues behind the updates in flight) and crosses
+the network, so it is not done every update: processes agree at most
+train.agree_every_steps updates apart, at steps every process knows in advance (the next
+one is set at each agreement, from agreed figures only), and about every
+AGREE_WITHIN_SECONDS when updates are slower than that allows. A SIGTERM, a due time-based
+checkpoint or the time limit is acted on at the next agreement.
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ import numpy as np
 
 from attnmt.checkpoint.manager import BEST_MODES
 from attnmt.config.train import TrainConfig
-from attnmt.parallel.agreement import any_process
+from attnmt.parallel.agreement import any_process, mean_over_processes
 
 SIGTERM_REASON = "SIGTERM received"
+# When updates are slow, agree about this often (seconds) rather than every
+# train.agree_every_steps updates: at 3 s an update, 10 updates would let a SIGTERM wait 30
+# s, a whole preemption grace period.
+AGREE_WITHIN_SECONDS = 1.0
 
 
 class StopSignal:
@@ -114,7 +125,7 @@ def best_after_resume(
 
 
 class StepDecisions:
-    """The stop and time-based checkpoint decisions at each update boundary, agreed.
+    """The stop and time-based checkpoint decisions, agreed at the steps `due` names.
 
     `clock` is seconds on a monotonic clock (time.monotonic; tests give each process a
     different one). The time limit counts from the decisions' creation.
@@ -129,6 +140,20 @@ class StepDecisions:
         self._train, self._signal = train, stop_signal
         self._clock = clock or (lambda: time.monotonic())
         self._start = self._last_checkpoint = self._clock()
+        self._next = 0  # the step of the next agreement (the first: wherever the run starts)
+        self._agreed: tuple[int, float] | None = None  # (step, clock) of the last agreement
+
+    def due(self, step: int) -> bool:
+        """Whether every process calls `at` once `step` is reached: the scheduled agreement,
+        an evaluation that can exhaust the early-stopping patience, and the last step. The
+        same answer on every process (it depends on the step and agreed figures only)."""
+        train = self._train
+        if step >= self._next or step >= train.num_steps:
+            return True
+        if not train.early_stop_patience:
+            return False
+        every = train.eval_every_steps if train.keep_best_by == "loss" else train.bleu_every_steps
+        return step % every == 0
 
     def checkpointed(self) -> None:
         """A checkpoint was written now: the time-based interval starts again."""
@@ -150,6 +175,7 @@ class StepDecisions:
             ]
         )
         sigterm, out_of_time, checkpoint, patience_out = (bool(x) for x in any_process(proposal))
+        self._schedule(step, now)
         if sigterm:
             self._signal.requested = True  # this process stops for a peer's signal too
             return Decision(SIGTERM_REASON, False)
@@ -158,3 +184,18 @@ class StepDecisions:
         if out_of_time:
             return Decision(f"time limit of {train.time_limit_minutes} minutes reached", False)
         return Decision("", checkpoint)
+
+    def _schedule(self, step: int, now: float) -> None:
+        """Sets the next agreement step from the agreed (mean over processes) time per
+        update since the last agreement: every train.agree_every_steps updates, fewer when
+        that would take longer than AGREE_WITHIN_SECONDS."""
+        every, last = self._train.agree_every_steps, self._agreed
+        interval = 1  # no update timed yet (the first ones also compile)
+        if last is not None and step > last[0]:
+            local = (now - last[1]) / (step - last[0])
+            seconds = float(mean_over_processes([local])[0])
+            interval = every if seconds <= 0 else int(AGREE_WITHIN_SECONDS // seconds)
+            interval = min(max(interval, 1), every)
+        if last is None or step > last[0]:
+            self._agreed = (step, now)
+            self._next = step + interval
