@@ -126,11 +126,12 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self._window = _Window()
         # The loop's view of the run (run() sets them): the step and consecutive skips of
-        # the newest update read from the device, the outcome (its `skipped` metric) of
-        # one dispatched but not read yet, and the data position after the last batch the
-        # loop consumed (what a checkpoint saves; the prefetcher has drawn further).
+        # the newest update read from the device, the outcomes (`skipped` metrics) of the
+        # updates dispatched but not read yet, oldest first, and the data position after
+        # the last batch the loop consumed (what a checkpoint saves; the prefetcher has
+        # drawn further).
         self._step, self._consecutive = 0, 0
-        self._pending: jax.Array | None = None
+        self._pending: list[jax.Array] = []
         self._position: dict[str, Any] | None = None
         self._feed: Prefetcher[tuple[dict[str, np.ndarray], BatchFigures]] | None = None
         self._decisions: StepDecisions | None = None
@@ -234,7 +235,7 @@ class Trainer:
         step, skipped = (
             int(x) for x in jax.device_get((self.state.step, self.state.skipped_steps))
         )
-        self._step, self._consecutive, self._pending = step, skipped, None
+        self._step, self._consecutive, self._pending = step, skipped, []
         self._position = self.train_batches.get_state()
         return step
 
@@ -246,7 +247,7 @@ class Trainer:
             self._feed = self._start_feed(step)
         while not decision.stop:
             step, consecutive = self._train_once()
-            if consecutive or self._pending is not None:
+            if consecutive or self._pending:
                 continue  # skipped, or read later: nothing happens at its step
             if self._after_update(step, bar):
                 decisions.checkpointed()
@@ -282,13 +283,13 @@ class Trainer:
 
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update from the next prefetched batch; returns (step, consecutive
-        skips) after it. They are read from the device when something happens at the step
-        the update can reach, before the next update is dispatched; otherwise this returns
-        (step + 1, 0), what the host expects, and checks it once the next update is in
-        flight: the host never waits for the device, and a skip is noticed one update late."""
+        skips) after it. They are read from the device, waiting for it, only when something
+        happens at the step the update can reach; otherwise this returns (step + 1, 0), what
+        the host expects, checked once the device has finished the update (a skip is noticed
+        then, without waiting, or at the next step where something happens)."""
         assert self._feed is not None
         item = next(self._feed)  # this process's rows of the update
-        if self.profiler.count and self._pending is None:
+        if self.profiler.count and not self._pending:
             self.profiler.before_update(self._step)
         batch, figures = item.value
         rows = self.plan.process_micro_rows(len(batch["src_tokens"]))
@@ -296,26 +297,27 @@ class Trainer:
         metrics = self._one_update([put_batch(b, self.mesh) for b in micro_batches])
         self._position = item.position
         self._window.add(figures, metrics)
-        # The outcome comes from the metrics: the state's own step is donated to the next update.
-        lagging, self._pending = self._pending, metrics["skipped"]
-        if lagging is not None:
-            self._read(lagging)
-        if not self._eventful(self._step + 1):
-            return self._step + 1, 0
-        self._read(self._pending)
-        self._pending = None
+        # The outcome comes from the metrics: the state's step is donated to the next update.
+        self._pending.append(metrics["skipped"])
+        self._read(wait=False)
+        expected = self._step + len(self._pending)
+        if not self._eventful(expected):
+            return expected, 0
+        self._read(wait=True)
         return self._step, self._consecutive
 
-    def _read(self, skipped: jax.Array) -> None:
-        """Takes in a dispatched update's outcome (a host read: it waits for that update)."""
-        if int(jax.device_get(skipped)):
-            self._consecutive += 1
-            assert self._feed is not None
-            self._feed.allow(1)  # the update is drawn again, from the next batch
-            self._check_skips(self._step, self._consecutive)
-        else:
-            self._step, self._consecutive = self._step + 1, 0
-        self.profiler.after_update(self._step)
+    def _read(self, wait: bool) -> None:
+        """Takes in dispatched updates' outcomes, oldest first: all of them (`wait`: the host
+        waits for the device), or those the device has finished (no wait)."""
+        while self._pending and (wait or self._pending[0].is_ready()):
+            if int(jax.device_get(self._pending.pop(0))):
+                self._consecutive += 1
+                assert self._feed is not None
+                self._feed.allow(1)  # the update is drawn again, from the next batch
+                self._check_skips(self._step, self._consecutive)
+            else:
+                self._step, self._consecutive = self._step + 1, 0
+            self.profiler.after_update(self._step)
 
     def _eventful(self, step: int) -> bool:
         """Whether anything happens once `step` is reached: a log line, an evaluation, a
