@@ -308,9 +308,13 @@ class Trainer:
 
     def _read(self, wait: bool) -> None:
         """Takes in dispatched updates' outcomes, oldest first: all of them (`wait`: the host
-        waits for the device), or those the device has finished (no wait)."""
-        while self._pending and (wait or self._pending[0].is_ready()):
-            if int(jax.device_get(self._pending.pop(0))):
+        waits for the device, once), or those the device has finished (no wait)."""
+        count = len(self._pending)
+        if not wait:
+            count = next((i for i, x in enumerate(self._pending) if not x.is_ready()), count)
+        outcomes, self._pending = self._pending[:count], self._pending[count:]
+        for skipped in jax.device_get(outcomes) if outcomes else []:
+            if int(skipped):
                 self._consecutive += 1
                 assert self._feed is not None
                 self._feed.allow(1)  # the update is drawn again, from the next batch
