@@ -36,6 +36,9 @@ class DataConfig:
     vocab_kind: Literal["sentencepiece", "pair"] = "sentencepiece"
     vocab_model_type: Literal["bpe", "unigram"] = "bpe"
     vocab_max_sentences: int = 2_000_000
+    # Where tokenized splits are cached ("" = <workdir>/data): a local folder or gs://…
+    # shared by a sweep's runs; each split is tokenized once per key (attnmt.data.token_cache)
+    cache_dir: str = ""
     max_length: int = 256  # tokens incl. EOS; longer training pairs are counted and dropped
     tokens_per_batch: int = 25_000  # per side, per optimizer step (§5.1: ≈25k + 25k)
     min_bucket_length: int = 8

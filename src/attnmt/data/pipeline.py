@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -36,13 +36,53 @@ class FilterStats:
     empty: int
 
 
-class _Side:
-    """Flat token array plus offsets: example i is ``tokens[offsets[i]:offsets[i + 1]]``."""
+class FlatTokens:
+    """The concatenation of token arrays (each may be memory-mapped), read by position
+    without ever being joined: only the pages holding the positions asked for are read."""
 
-    def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
-        self.tokens = np.asarray(tokens, dtype=np.int32)
+    def __init__(self, parts: Sequence[np.ndarray]) -> None:
+        self._parts = list(parts)
+        self._starts = np.cumsum([0, *map(len, self._parts)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, where: np.ndarray | slice) -> np.ndarray:
+        """int32 tokens at the positions `where` (an index array of any shape, or a slice)."""
+        if isinstance(where, slice):
+            where = np.arange(*where.indices(len(self)), dtype=np.int64)
+        where = np.asarray(where, dtype=np.int64)
+        if len(self._parts) == 1:
+            return self._parts[0][where].astype(np.int32)
+        part = np.searchsorted(self._starts, where, side="right") - 1
+        out = np.empty(where.shape, dtype=np.int32)
+        for k in np.unique(part):
+            chosen = part == k
+            out[chosen] = self._parts[k][where[chosen] - self._starts[k]]
+        return out
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+class _Side:
+    """Flat tokens plus offsets: example i is ``tokens[offsets[i]:offsets[i + 1]]``; the
+    tokens are an int32 array or a FlatTokens view of memory-mapped shards."""
+
+    def __init__(self, tokens: np.ndarray | FlatTokens, offsets: np.ndarray) -> None:
+        self.tokens = tokens if isinstance(tokens, FlatTokens) else np.asarray(tokens, np.int32)
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets).astype(np.int32)
+
+    @classmethod
+    def from_lengths(cls, tokens: FlatTokens, lengths: np.ndarray) -> _Side:
+        side = cls.__new__(cls)
+        side.tokens, side.lengths = tokens, np.asarray(lengths, dtype=np.int32)
+        side.offsets = _offsets(side.lengths)
+        return side
 
     def gather(self, ids: np.ndarray, length: int) -> np.ndarray:
         """Right-padded [len(ids), length] int32 rows; id -1 gives an all-PAD row."""
@@ -59,6 +99,54 @@ class _Side:
         return np.where(mask, self.tokens[pos], PAD_ID).astype(np.int32)
 
 
+@dataclass(frozen=True)
+class EncodedChunk:
+    """Some consecutive pairs tokenized, EOS appended, filtered: the kept pairs' flat tokens
+    and lengths (EOS included) per side, their positions among all pairs, and the counts."""
+
+    src_tokens: np.ndarray  # int32
+    src_lengths: np.ndarray  # int64
+    tgt_tokens: np.ndarray
+    tgt_lengths: np.ndarray
+    source_indices: np.ndarray  # int64
+    total: int
+    too_long: int
+    empty: int
+
+
+def encode_chunk(
+    chunk: Sequence[tuple[str, str]], tokenizer: Tokenizer, max_length: int, first_index: int
+) -> EncodedChunk:
+    """Tokenizes `chunk` (pairs `first_index`, `first_index + 1`, … of a corpus), appends EOS
+    and drops empty and too-long (> max_length) pairs."""
+    src_ids = tokenizer.encode_batch([s for s, _ in chunk])
+    tgt_ids = tokenizer.encode_target_batch([t for _, t in chunk])
+    slen = np.fromiter(map(len, src_ids), np.int64, len(chunk))
+    tlen = np.fromiter(map(len, tgt_ids), np.int64, len(chunk))
+    is_empty = (slen == 0) | (tlen == 0)
+    is_long = ~is_empty & ((slen + 1 > max_length) | (tlen + 1 > max_length))
+    keep = np.flatnonzero(~is_empty & ~is_long)
+
+    def flat(ids: list[list[int]], lens: np.ndarray) -> np.ndarray:
+        rows = itertools.chain.from_iterable(ids[i] + [EOS_ID] for i in keep)
+        return np.fromiter(rows, np.int32, int(lens[keep].sum()) + len(keep))
+
+    return EncodedChunk(
+        flat(src_ids, slen),
+        slen[keep] + 1,
+        flat(tgt_ids, tlen),
+        tlen[keep] + 1,
+        keep + first_index,
+        len(chunk),
+        int(is_long.sum()),
+        int(is_empty.sum()),
+    )
+
+
+def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+
+
 class TokenizedCorpus:
     """A tokenized parallel corpus stored compactly; every example ends with EOS."""
 
@@ -70,17 +158,40 @@ class TokenizedCorpus:
         tgt_offsets: np.ndarray,
         source_indices: np.ndarray | None = None,
     ) -> None:
-        self._src = _Side(src_tokens, src_offsets)
-        self._tgt = _Side(tgt_tokens, tgt_offsets)
-        if len(self._src.lengths) != len(self._tgt.lengths):
-            raise ValueError("source and target sides hold different numbers of examples")
+        self._set_sides(_Side(src_tokens, src_offsets), _Side(tgt_tokens, tgt_offsets))
         n = len(self._src.lengths)
         # Position of each example in the pairs it was built from (filtering drops some).
-        self.source_indices = (
+        self._indices: np.ndarray | Callable[[], np.ndarray] = (
             np.arange(n, dtype=np.int64)
             if source_indices is None
             else np.asarray(source_indices, dtype=np.int64)
         )
+
+    def _set_sides(self, src: _Side, tgt: _Side) -> None:
+        if len(src.lengths) != len(tgt.lengths):
+            raise ValueError("source and target sides hold different numbers of examples")
+        self._src, self._tgt = src, tgt
+
+    @classmethod
+    def from_shards(
+        cls,
+        src: tuple[FlatTokens, np.ndarray],
+        tgt: tuple[FlatTokens, np.ndarray],
+        source_indices: Callable[[], np.ndarray],
+    ) -> TokenizedCorpus:
+        """A corpus over (tokens, lengths) of each side, its tokens left where they are
+        (attnmt.data.token_cache memory-maps them); `source_indices` is read on first use."""
+        corpus = cls.__new__(cls)
+        corpus._set_sides(_Side.from_lengths(*src), _Side.from_lengths(*tgt))
+        corpus._indices = source_indices
+        return corpus
+
+    @property
+    def source_indices(self) -> np.ndarray:
+        """Position of each example among the pairs it was built from (int64)."""
+        if callable(self._indices):
+            self._indices = self._indices()
+        return self._indices
 
     @classmethod
     def from_pairs(
@@ -89,42 +200,25 @@ class TokenizedCorpus:
         """Tokenizes pairs, appends EOS, drops empty and too-long (> max_length) pairs."""
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (a token and EOS), got {max_length}")
-        parts: dict[str, list[np.ndarray]] = {"src": [], "tgt": [], "slen": [], "tlen": []}
-        kept_idx: list[np.ndarray] = []
-        total = too_long = empty = 0
+        chunks: list[EncodedChunk] = []
+        total = 0
         it = iter(pairs)
         while chunk := list(itertools.islice(it, _ENCODE_CHUNK)):
-            src_ids = tokenizer.encode_batch([s for s, _ in chunk])
-            tgt_ids = tokenizer.encode_target_batch([t for _, t in chunk])
-            slen = np.fromiter(map(len, src_ids), np.int64, len(chunk))
-            tlen = np.fromiter(map(len, tgt_ids), np.int64, len(chunk))
-            is_empty = (slen == 0) | (tlen == 0)
-            is_long = ~is_empty & ((slen + 1 > max_length) | (tlen + 1 > max_length))
-            keep = ~is_empty & ~is_long
-            empty += int(is_empty.sum())
-            too_long += int(is_long.sum())
-            kept_idx.append(np.flatnonzero(keep) + total)
+            chunks.append(encode_chunk(chunk, tokenizer, max_length, total))
             total += len(chunk)
-            for key, ids, lens in (("src", src_ids, slen), ("tgt", tgt_ids, tlen)):
-                rows = [ids[i] + [EOS_ID] for i in np.flatnonzero(keep)]
-                flat = itertools.chain.from_iterable(rows)
-                parts[key].append(np.fromiter(flat, np.int32, int(lens[keep].sum() + keep.sum())))
-            parts["slen"].append(slen[keep] + 1)
-            parts["tlen"].append(tlen[keep] + 1)
 
-        def concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-            return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
-
-        def offsets(lengths: np.ndarray) -> np.ndarray:
-            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        def joined(name: str, dtype: type) -> np.ndarray:
+            return _concat([getattr(c, name) for c in chunks], dtype)
 
         corpus = cls(
-            concat(parts["src"], np.int32),
-            offsets(concat(parts["slen"], np.int64)),
-            concat(parts["tgt"], np.int32),
-            offsets(concat(parts["tlen"], np.int64)),
-            concat(kept_idx, np.int64),
+            joined("src_tokens", np.int32),
+            _offsets(joined("src_lengths", np.int64)),
+            joined("tgt_tokens", np.int32),
+            _offsets(joined("tgt_lengths", np.int64)),
+            joined("source_indices", np.int64),
         )
+        too_long = sum(c.too_long for c in chunks)
+        empty = sum(c.empty for c in chunks)
         stats = FilterStats(total=total, kept=len(corpus), too_long=too_long, empty=empty)
         return corpus, stats
 
@@ -177,9 +271,9 @@ class TokenizedCorpus:
             np.savez(
                 file,
                 format_version=np.int64(_FORMAT_VERSION),
-                src_tokens=self._src.tokens,
+                src_tokens=self._src.tokens[:],  # [:]: a FlatTokens view read whole
                 src_offsets=self._src.offsets,
-                tgt_tokens=self._tgt.tokens,
+                tgt_tokens=self._tgt.tokens[:],
                 tgt_offsets=self._tgt.offsets,
                 source_indices=self.source_indices,
             )

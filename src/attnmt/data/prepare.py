@@ -5,37 +5,45 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable, Iterator
 
 from attnmt.config.data import DataConfig
-from attnmt.data import sources
+from attnmt.data import sources, token_cache
 from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
+from attnmt.data.token_cache import DEFAULT_LAYOUT, ONE_PROCESS, Layout, Processes
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.storage import Path, as_path
 
 log = logging.getLogger(__name__)
 
 
+def _source_options(config: DataConfig) -> dict[str, str | None]:
+    if config.source == "multi30k":
+        return {"data_dir": config.data_dir or None, "download_url": config.download_url or None}
+    if config.source == "tfds":
+        return {"name": config.tfds_name, "data_dir": config.data_dir or None}
+    if config.source == "files":
+        return {"src_path": config.src_path, "tgt_path": config.tgt_path}
+    return {  # treebank
+        "data_dir": config.data_dir,
+        "splits": config.treebank_splits,
+        "pos": config.treebank_pos,
+        "leaves": config.treebank_leaves,
+    }
+
+
+def iter_split(config: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    """One split's (source, target) sentence pairs, streamed where the source allows it
+    (attnmt.data.sources.iter_pairs); problems opening it raise here."""
+    config.require_source_keys()
+    options = _source_options(config)
+    return sources.iter_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
+
+
 def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
     """Reads one split's (source, target) sentence pairs from the configured source."""
-    config.require_source_keys()
-    options: dict[str, str] = {}
-    if config.source == "multi30k":
-        options = {"data_dir": config.data_dir or None, "download_url": config.download_url or None}
-    elif config.source == "tfds":
-        options = {"name": config.tfds_name, "data_dir": config.data_dir or None}
-    elif config.source == "files":
-        options = {"src_path": config.src_path, "tgt_path": config.tgt_path}
-    elif config.source == "treebank":
-        options = {
-            "data_dir": config.data_dir,
-            "splits": config.treebank_splits,
-            "pos": config.treebank_pos,
-            "leaves": config.treebank_leaves,
-        }
-    return list(
-        sources.load_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
-    )
+    return list(iter_split(config, split))
 
 
 def vocab_path(config: DataConfig, workdir: Path) -> Path:
@@ -67,17 +75,20 @@ def ensure_vocab(
         log.info(
             "training a %d-token %s vocabulary at %s", vocab_size, config.vocab_model_type, path
         )
-        pairs = load_split(config, config.train_split)
-        texts = (text for pair in pairs for text in pair)
+        # Streamed: the sample is drawn as the pairs go by (only treebank corpora, small,
+        # are read whole, for their tree symbols).
+        pairs: Iterable[tuple[str, str]] = iter_split(config, config.train_split)
+        whole_words: list[str] = []
+        if config.source == "treebank":
+            pairs = list(pairs)
+            whole_words = tree_symbols(pairs, config.treebank_leaves)
         train_vocab(
-            texts,
+            (text for pair in pairs for text in pair),
             path,
             vocab_size=vocab_size,
             model_type=config.vocab_model_type,
             max_sentences=config.vocab_max_sentences,
-            whole_words=(
-                tree_symbols(pairs, config.treebank_leaves) if config.source == "treebank" else ()
-            ),
+            whole_words=whole_words,
         )
     return Tokenizer.load(path)
 
@@ -86,16 +97,12 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def tokenized_split(
-    config: DataConfig,
-    tokenizer_path: Path,
-    tokenizer: Tokenizer,
-    split: str,
-    workdir: Path,
-) -> tuple[TokenizedCorpus, FilterStats]:
-    """Tokenizes a split once and caches it in <workdir>/data/, keyed by everything that
-    changes the result (source, split, languages, treebank options, vocabulary bytes, max
-    length)."""
+def cache_folder(
+    config: DataConfig, tokenizer_path: Path, tokenizer: Tokenizer, split: str, workdir: Path
+) -> Path:
+    """Where a split's token cache lives: under data.cache_dir ("" = <workdir>/data), in a
+    folder named by a digest of everything that changes the tokens (source, split,
+    languages, treebank options, the vocabulary's bytes, max_length, the cache format)."""
     key = json.dumps(
         [
             config.source,
@@ -110,20 +117,34 @@ def tokenized_split(
             config.treebank_leaves,
             split,
             config.max_length,
+            token_cache.FORMAT,
             *map(_file_digest, getattr(tokenizer, "files", (tokenizer_path,))),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cache = workdir / "data" / f"{split}-{digest}.npz"
-    stats_file = cache.with_suffix(".stats.json")
-    if cache.exists() and stats_file.exists():
-        stats = FilterStats(**json.loads(stats_file.read_text()))
-        return TokenizedCorpus.load(cache), stats
-    corpus, stats = TokenizedCorpus.from_pairs(
-        load_split(config, split), tokenizer, config.max_length
+    root = as_path(config.cache_dir, "data.cache_dir") if config.cache_dir else workdir / "data"
+    return root / f"{split}-{digest}"
+
+
+def tokenized_split(
+    config: DataConfig,
+    tokenizer_path: Path,
+    tokenizer: Tokenizer,
+    split: str,
+    workdir: Path,
+    processes: Processes = ONE_PROCESS,
+    layout: Layout = DEFAULT_LAYOUT,
+) -> tuple[TokenizedCorpus, FilterStats]:
+    """A split tokenized once into a shared, sharded cache (attnmt.data.token_cache) and
+    memory-mapped; every process of the job calls this together, each tokenizing its
+    shards. A complete cache of the same key (another run's too) is read, not rewritten."""
+    folder = cache_folder(config, tokenizer_path, tokenizer, split, workdir)
+    return token_cache.load_or_write(
+        folder,
+        lambda: iter_split(config, split),
+        tokenizer,
+        config.max_length,
+        key=f"{config.source} {split!r} max_length={config.max_length}",
+        processes=processes,
+        layout=layout,
     )
-    corpus.save(cache)
-    # Written after the corpus and whole (one object upload, or one small local write): a
-    # cache is used only when both are there.
-    stats_file.write_text(json.dumps(stats.__dict__))
-    return corpus, stats

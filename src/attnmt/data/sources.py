@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.client
+import itertools
 import os
 import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from etils import epath
 
@@ -35,36 +36,71 @@ _DOWNLOAD_TIMEOUT_S = 60.0
 Pair = tuple[str, str]
 
 
-def _read_lines(path: epath.Path) -> list[str]:
-    """Reads one file as strict UTF-8 lines (without line terminators)."""
+def _decoded(path: epath.Path, number: int, line: bytes) -> str:
+    """Line `number` of `path` as strict UTF-8, without its terminator."""
+    # Lines end at b"\n" only: str.splitlines() would also split on U+2028, \x1c, ...
+    # which occur inside real sentences and would misalign the two sides.
+    line = line.removesuffix(b"\n").removesuffix(b"\r")
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}:{number}: invalid UTF-8 (byte {line[e.start]:#04x} at line {number}); "
+            "convert the file to UTF-8"
+        ) from None
+
+
+def _lines(path: epath.Path) -> Iterator[str]:
+    """The lines of one file (plain or .gz), read as they are needed; checked to exist
+    now, and to be non-empty once read."""
     if not path.exists():
         raise DataError(f"{path}: file not found")
     if not path.is_file():
         raise DataError(f"{path}: not a regular file")
+    return _read_lines(path)
+
+
+def _read_lines(path: epath.Path) -> Iterator[str]:
+    number = 0
     try:
-        if path.suffix == ".gz":
-            with path.open("rb") as raw, gzip.GzipFile(fileobj=raw) as f:
-                data = f.read()
-        else:
-            data = path.read_bytes()
+        with contextlib.ExitStack() as stack:
+            file: IO[bytes] = stack.enter_context(path.open("rb"))
+            if path.suffix == ".gz":
+                file = stack.enter_context(gzip.GzipFile(fileobj=file))
+            for number, line in enumerate(file, 1):
+                yield _decoded(path, number, line)
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read file: {e}") from e
-    if not data:
+    if number == 0:
         raise DataError(f"{path}: file is empty")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(
-            f"{path}:{line}: invalid UTF-8 (byte {data[e.start]:#04x} at line {line}); "
-            "convert the file to UTF-8"
-        ) from None
-    # Split on '\n' only: str.splitlines() would also split on U+2028, \x1c, ... which
-    # occur inside real sentences and would misalign the two sides.
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline terminates the last line; it is not an empty line
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def stream_parallel_files(
+    src_path: str | os.PathLike, tgt_path: str | os.PathLike
+) -> Iterator[Pair]:
+    """Yields (src, tgt) pairs of two line-aligned files (plain or ``.gz``, local or in a
+    bucket), one line of each at a time: a corpus of any size is never held whole.
+
+    Empty lines are kept; filtering happens when tokenizing. Files of different lengths
+    raise DataError (with both line counts) when the shorter one ends.
+    """
+    src_path, tgt_path = as_path(src_path, "data file"), as_path(tgt_path, "data file")
+    return _zip_lines(_lines(src_path), _lines(tgt_path), src_path, tgt_path)
+
+
+def _zip_lines(
+    src: Iterator[str], tgt: Iterator[str], src_path: epath.Path, tgt_path: epath.Path
+) -> Iterator[Pair]:
+    end = object()  # fills in for the shorter file's missing lines
+    for count, (a, b) in enumerate(itertools.zip_longest(src, tgt, fillvalue=end)):
+        if a is end or b is end:
+            src_count = count + (a is not end) + sum(1 for _ in src)
+            tgt_count = count + (b is not end) + sum(1 for _ in tgt)
+            raise DataError(
+                f"parallel files differ in line count: {src_path} has {src_count} lines, "
+                f"{tgt_path} has {tgt_count} lines"
+            )
+        yield a, b
 
 
 def read_parallel_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> list[Pair]:
@@ -73,15 +109,7 @@ def read_parallel_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike
 
     Empty lines are kept; filtering happens when tokenizing.
     """
-    src_path, tgt_path = as_path(src_path, "data file"), as_path(tgt_path, "data file")
-    src_lines = _read_lines(src_path)
-    tgt_lines = _read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise DataError(
-            f"parallel files differ in line count: {src_path} has {len(src_lines)} lines, "
-            f"{tgt_path} has {len(tgt_lines)} lines"
-        )
-    return list(zip(src_lines, tgt_lines, strict=True))
+    return list(stream_parallel_files(src_path, tgt_path))
 
 
 # ---------------------------------------------------------------------------- Multi30K
@@ -292,6 +320,15 @@ def load_pairs(kind: str, split: str, src_lang: str, tgt_lang: str, **options: A
     For ``files``, ``src_path``/``tgt_path`` are templates with ``{split}``, ``{src}``,
     ``{tgt}`` and ``{lang}`` (this side's language), e.g. ``data/{split}.{lang}``.
     """
+    return list(iter_pairs(kind, split, src_lang, tgt_lang, **options))
+
+
+def iter_pairs(
+    kind: str, split: str, src_lang: str, tgt_lang: str, **options: Any
+) -> Iterator[Pair]:
+    """The pairs of ``load_pairs``, streamed where the source allows it: ``files`` line by
+    line and ``tfds`` record by record; ``multi30k`` and ``treebank`` (small corpora) are
+    read whole first. Problems found on opening raise here, not at the first ``next``."""
     if kind not in _KIND_OPTIONS:
         raise DataError(
             f"unknown data source kind {kind!r}; valid kinds are {', '.join(_KIND_OPTIONS)}"
@@ -303,19 +340,19 @@ def load_pairs(kind: str, split: str, src_lang: str, tgt_lang: str, **options: A
             f"valid options are {', '.join(_KIND_OPTIONS[kind])}"
         )
     if kind == "multi30k":
-        return multi30k_pairs(split, src_lang, tgt_lang, **options)
+        return iter(multi30k_pairs(split, src_lang, tgt_lang, **options))
     if kind == "treebank":
         from attnmt.data.parsing import treebank_pairs
 
-        return treebank_pairs(split, **options)
+        return iter(treebank_pairs(split, **options))
     if kind == "tfds":
         if not options.get("name"):
             raise DataError("data source 'tfds' needs a dataset name, e.g. wmt14_translate/de-en")
         name = options.pop("name")
-        return list(tfds_pairs(name, split, src_lang, tgt_lang, **options))
+        return tfds_pairs(name, split, src_lang, tgt_lang, **options)
     for key in ("src_path", "tgt_path"):
         if not options.get(key):
             raise DataError(f"data source 'files' needs {key}, e.g. data/{{split}}.{{lang}}")
     src = _fill_template(options["src_path"], split, src_lang, tgt_lang, src_lang)
     tgt = _fill_template(options["tgt_path"], split, src_lang, tgt_lang, tgt_lang)
-    return read_parallel_files(src, tgt)
+    return stream_parallel_files(src, tgt)

@@ -5,6 +5,7 @@ bucket shapes that follow from it, the evaluation split and the BLEU sentences."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -16,8 +17,9 @@ from jax.sharding import Mesh
 from attnmt.config.experiment import Experiment
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
-from attnmt.data.prepare import ensure_vocab, load_split, tokenized_split, vocab_path
+from attnmt.data.prepare import ensure_vocab, iter_split, tokenized_split, vocab_path
 from attnmt.data.sources import multi30k_recorded_dir
+from attnmt.data.token_cache import Processes
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import ConfigError, DataError
 from attnmt.parallel.batch_plan import BatchPlan, plan_batches
@@ -67,11 +69,19 @@ def _run_files(experiment: Experiment, workdir: Path) -> Tokenizer:
     return tokenizer
 
 
+def _barrier(name: str) -> None:
+    multihost_utils.sync_global_devices(name)
+
+
 def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainInputs:
     tokenizer = _run_files(experiment, workdir)
     data, train = experiment.data, experiment.train
     vocab_file = vocab_path(data, workdir)
-    corpus, stats = tokenized_split(data, vocab_file, tokenizer, data.train_split, workdir)
+    # Every process tokenizes its shards of each split into the shared cache.
+    processes = Processes(jax.process_index(), jax.process_count(), _barrier)
+    corpus, stats = tokenized_split(
+        data, vocab_file, tokenizer, data.train_split, workdir, processes
+    )
     log.info("training pairs %s", _usable(experiment, data.train_split, stats))
     plan = batch_plan(experiment, mesh.shape[DATA] * mesh.shape[FSDP], jax.process_count())
     log.info("mesh %s over %d device(s); %s", dict(mesh.shape), mesh.size, plan.describe())
@@ -85,14 +95,15 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
-            data, vocab_file, tokenizer, data.eval_split, workdir
+            data, vocab_file, tokenizer, data.eval_split, workdir, processes
         )
         log.info("evaluation pairs %s", _usable(experiment, data.eval_split, eval_stats))
         tokens = data.eval_tokens_per_batch or data.tokens_per_batch // plan.accumulation_steps
         evaluation = (eval_corpus, _shapes(experiment, tokens, plan.batch_shards))
     bleu_pairs: list[tuple[str, str]] = []
     if train.bleu_every_steps and data.eval_split:
-        bleu_pairs = load_split(data, data.eval_split)[: train.bleu_max_sentences or None]
+        pairs = iter_split(data, data.eval_split)
+        bleu_pairs = list(itertools.islice(pairs, train.bleu_max_sentences or None))
     return TrainInputs(workdir, tokenizer, batches, plan, evaluation, bleu_pairs)
 
 
