@@ -347,3 +347,21 @@ def tree_leaves(tokens: tuple[str, ...], closers: frozenset[str] | None = None) 
 def is_tree(tokens: tuple[str, ...], leaves: int) -> bool:
     """One tree, labels matched, with exactly `leaves` leaves."""
     return tree_leaves(tokens) == leaves
+
+
+# ---- the token cache's debug records (attnmt.data.token_cache, ATTNMT_TOKEN_CACHE_DEBUG) --
+
+
+def token_cache_writes(debug: Path) -> list[tuple[int, int]]:
+    """(shard, writing process) of every shard write recorded in `debug`, in order."""
+    log = debug / "writes.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [tuple(map(int, line.split())) for line in lines]
+
+
+def token_cache_gathers(debug: Path, process: int) -> list[list[int]]:
+    """The example ids of every gather process `process` made, in order."""
+    import json
+
+    log = debug / f"gathered-{process}.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []

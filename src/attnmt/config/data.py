@@ -39,6 +39,9 @@ class DataConfig:
     # Where tokenized splits are cached ("" = <workdir>/data): a local folder or gs://…
     # shared by a sweep's runs; each split is tokenized once per key (attnmt.data.token_cache)
     cache_dir: str = ""
+    # Pairs per shard of a new cache (process p of P writes shards p, p+P, …); only the
+    # layout depends on it, so a cache written with another value is still used.
+    cache_shard_pairs: int = 262_144
     max_length: int = 256  # tokens incl. EOS; longer training pairs are counted and dropped
     tokens_per_batch: int = 25_000  # per side, per optimizer step (§5.1: ≈25k + 25k)
     min_bucket_length: int = 8
@@ -70,6 +73,7 @@ class DataConfig:
         check_types(self, "data")
         for name in (
             "vocab_max_sentences",
+            "cache_shard_pairs",
             "max_length",
             "tokens_per_batch",
             "min_bucket_length",

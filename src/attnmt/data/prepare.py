@@ -11,7 +11,7 @@ from attnmt.config.data import DataConfig
 from attnmt.data import sources, token_cache
 from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
-from attnmt.data.token_cache import DEFAULT_LAYOUT, ONE_PROCESS, Layout, Processes
+from attnmt.data.token_cache import ONE_PROCESS, Layout, Processes
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.storage import Path, as_path
 
@@ -133,11 +133,12 @@ def tokenized_split(
     split: str,
     workdir: Path,
     processes: Processes = ONE_PROCESS,
-    layout: Layout = DEFAULT_LAYOUT,
+    layout: Layout | None = None,
 ) -> tuple[TokenizedCorpus, FilterStats]:
     """A split tokenized once into a shared, sharded cache (attnmt.data.token_cache) and
     memory-mapped; every process of the job calls this together, each tokenizing its
-    shards. A complete cache of the same key (another run's too) is read, not rewritten."""
+    shards. A complete cache of the same key (another run's too) is read, not rewritten.
+    `layout` (tests, benchmarks): None cuts shards of data.cache_shard_pairs pairs."""
     folder = cache_folder(config, tokenizer_path, tokenizer, split, workdir)
     return token_cache.load_or_write(
         folder,
@@ -146,5 +147,5 @@ def tokenized_split(
         config.max_length,
         key=f"{config.source} {split!r} max_length={config.max_length}",
         processes=processes,
-        layout=layout,
+        layout=layout or Layout(pairs_per_shard=config.cache_shard_pairs),
     )

@@ -53,6 +53,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path as LocalPath
@@ -149,6 +150,17 @@ def load_or_write(
             folder, stats.kept, stats.total, len(manifest["shards"]),
         )  # fmt: skip
     return _open(folder, manifest, processes.index), stats
+
+
+def open_cache(folder: Path, process: int = 0) -> tuple[CachedCorpus, FilterStats]:
+    """A complete cache, read (DataError if `folder` holds none); `process` names its
+    gather record under $ATTNMT_TOKEN_CACHE_DEBUG."""
+    manifest = _complete(folder)
+    if manifest is None:
+        raise DataError(
+            f"{folder}: no complete token cache (no {MANIFEST}, or a shard is cut short)"
+        )
+    return _open(folder, manifest, process), FilterStats(**manifest["stats"])
 
 
 def _dtypes(vocab_size: int, max_length: int) -> dict[str, np.dtype]:
@@ -260,17 +272,21 @@ class _Encoder:
             self.pool.join()
 
 
+_MAIN_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _main_hidden() -> Iterator[None]:
     """Spawned workers run the parent's main module again unless it is hidden: an
     unguarded script would start itself (and the CLI would import JAX) in every worker.
     The workers need only this module, which they import by name."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
+    with _MAIN_LOCK:  # two writers in one process (threads) must not interleave the swap
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
 
 
 def _encoded_shards(
