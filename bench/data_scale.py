@@ -66,15 +66,20 @@ def synthetic_lengths(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return src.astype(np.int32), tgt.astype(np.int32)
 
 
-def vm_hwm_bytes() -> int:
-    """This process's peak resident memory (Linux /proc; 0 elsewhere)."""
+def proc_status(field: str) -> int:
+    """A memory field of /proc/self/status in bytes (Linux; 0 elsewhere)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def vm_hwm_bytes() -> int:
+    """This process's peak resident memory, memory-mapped file pages included."""
+    return proc_status("VmHWM")
 
 
 # --------------------------------------------------------------------------- tokenize
@@ -228,7 +233,16 @@ def child_host(job: dict) -> dict:
     for _ in range(drawn - 1):
         next(batches)
     times["all_batches_s"] = time.perf_counter() - start
-    return {**times, "pairs": len(corpus), "peak_rss": vm_hwm_bytes(), "drawn": drawn}
+    # VmHWM counts the cache's pages the kernel read (and may drop) for the memory maps;
+    # RssAnon is the process's own memory.
+    return {
+        **times,
+        "pairs": len(corpus),
+        "drawn": drawn,
+        "peak_rss": vm_hwm_bytes(),
+        "rss_anon": proc_status("RssAnon"),
+        "rss_file": proc_status("RssFile"),
+    }
 
 
 def run_child(job: dict) -> dict:
@@ -270,14 +284,36 @@ def host_parts(folder: Path, vocab: str, count: int) -> list[dict]:
 def print_rows(rows: list[dict]) -> None:
     gib = 1 << 30
     for row in rows:
-        for key in ("plan_peak", "peak_rss"):
+        for key in ("plan_peak", "peak_rss", "rss_anon", "rss_file"):
             if key in row:
                 row[f"{key}_GiB"] = row[key] / gib
     for part, columns in (
         ("tokenize", ["pairs", "workers", "seconds", "s_per_M_pairs", "speedup"]),
         ("plan", ["pairs", "kind", "seconds", "batches", "plan_peak_GiB"]),
-        ("host", ["kind", "pairs", "open_s", "first_batch_s", "all_batches_s", "peak_rss_GiB"]),
-        ("restart", ["kind", "index", "open_s", "first_batch_s", "process_s", "peak_rss_GiB"]),
+        (
+            "host",
+            [
+                "kind",
+                "pairs",
+                "open_s",
+                "first_batch_s",
+                "all_batches_s",
+                "peak_rss_GiB",
+                "rss_anon_GiB",
+            ],
+        ),
+        (
+            "restart",
+            [
+                "kind",
+                "index",
+                "open_s",
+                "first_batch_s",
+                "process_s",
+                "peak_rss_GiB",
+                "rss_anon_GiB",
+            ],
+        ),
     ):
         chosen = [row for row in rows if row["part"] == part]
         if chosen:
