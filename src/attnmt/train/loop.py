@@ -283,10 +283,11 @@ class Trainer:
 
     def _train_once(self) -> tuple[int, int]:
         """One optimizer update from the next prefetched batch; returns (step, consecutive
-        skips) after it. They are read from the device, waiting for it, only when something
-        happens at the step the update can reach; otherwise this returns (step + 1, 0), what
-        the host expects, checked once the device has finished the update (a skip is noticed
-        then, without waiting, or at the next step where something happens)."""
+        skips) after it. The update before it is read once this one is dispatched (the host
+        may wait for it, the device never waits for the host: this one is queued); this one
+        is read at once only when something happens at the step it can reach. Otherwise
+        this returns (step + 1, 0), what the host expects, checked after the next update is
+        dispatched: a skip is noticed one update late, at the same update on every process."""
         assert self._feed is not None
         item = next(self._feed)  # this process's rows of the update
         if self.profiler.count and not self._pending:
@@ -299,19 +300,16 @@ class Trainer:
         self._window.add(figures, metrics)
         # The outcome comes from the metrics: the state's step is donated to the next update.
         self._pending.append(metrics["skipped"])
-        self._read(wait=False)
-        expected = self._step + len(self._pending)
-        if not self._eventful(expected):
-            return expected, 0
-        self._read(wait=True)
+        self._read(keep=1)
+        if not self._eventful(self._step + 1):
+            return self._step + 1, 0
+        self._read(keep=0)
         return self._step, self._consecutive
 
-    def _read(self, wait: bool) -> None:
-        """Takes in dispatched updates' outcomes, oldest first: all of them (`wait`: the host
-        waits for the device, once), or those the device has finished (no wait)."""
-        count = len(self._pending)
-        if not wait:
-            count = next((i for i, x in enumerate(self._pending) if not x.is_ready()), count)
+    def _read(self, keep: int) -> None:
+        """Takes in the outcomes of the updates dispatched, oldest first, but the newest
+        `keep` (one host read: it waits for the newest of them)."""
+        count = max(len(self._pending) - keep, 0)
         outcomes, self._pending = self._pending[:count], self._pending[count:]
         for skipped in jax.device_get(outcomes) if outcomes else []:
             if int(skipped):
