@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from attnmt.cli.main import main
 from attnmt.config.decode import DecodeConfig
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.decode.parsing import bracketed_lines, parse_sentences
@@ -198,3 +199,21 @@ def _random_params(config):
     tokens = jnp.ones((1, 8), jnp.int32)
     init = jax.jit(Transformer(config).init)
     return nn.meta.unbox(init(jax.random.PRNGKey(3), tokens, tokens)["params"])
+
+
+@pytest.mark.parametrize(
+    "argv, refusal",
+    [
+        (["translate"], "--input is needed when 2 processes translate"),
+        (["evaluate", "--average-last", "2"], "--average-last with 2 processes"),
+    ],
+)
+def test_a_job_of_processes_is_refused_what_only_one_process_can_do(
+    workdir, monkeypatch, capsys, argv, refusal
+):
+    """Every process reads the input itself (stdin is one process's), and averaging would
+    have every process write the same folder: both refused, in one line, before loading."""
+    monkeypatch.setattr("attnmt.decode.sharded.join_job", lambda: 2)
+    assert main([*argv, "--workdir", str(workdir[0])]) == 2
+    err = capsys.readouterr().err
+    assert refusal in err and "Traceback" not in err

@@ -22,6 +22,13 @@ def add_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _parsing_run(args: argparse.Namespace):
+    from attnmt.decode.sharded import join_job
+
+    processes = join_job()  # several processes parse together, on all their devices
+    if processes > 1 and args.average_last:
+        raise ConfigError(f"--average-last with {processes} processes: run `attnmt average` first")
+    if processes > 1 and args.command == "parse" and not args.input:
+        raise ConfigError(f"--input is needed when {processes} processes parse (each reads it)")
     if args.ensemble:
         raise ConfigError(
             f"attnmt {args.command} on a parsing run takes one model: drop --ensemble"
@@ -37,6 +44,7 @@ def _parsing_run(args: argparse.Namespace):
 
 def run_parse(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.decode.parsing import bracketed_lines, parse_sentences, parsing_translator
+    from attnmt.decode.sharded import writes_outputs
 
     run = _parsing_run(args)
     translator = parsing_translator(run, decode_config(run, args, overrides))
@@ -53,6 +61,8 @@ def run_parse(args: argparse.Namespace, overrides: Overrides) -> int:
     data = run.experiment.data
     trees = parse_sentences(translator, lines, data.treebank_pos, data.treebank_leaves)
     text = "".join(line + "\n" for line in bracketed_lines(trees))
+    if not writes_outputs():
+        return 0
     if args.output:
         as_path(args.output, "--output").write_text(text, encoding="utf-8")
     else:
@@ -62,14 +72,16 @@ def run_parse(args: argparse.Namespace, overrides: Overrides) -> int:
 
 def evaluate_parsing(args: argparse.Namespace, overrides: Overrides, split: str) -> int:
     from attnmt.decode.parsing import evaluate_parse_split
+    from attnmt.decode.sharded import writes_outputs
     from attnmt.metrics import MetricsSink
 
     run = _parsing_run(args)
     decode = decode_config(run, args, overrides)
     workdir = as_path(args.workdir, "--workdir")
     scores = evaluate_parse_split(run, split, decode, workdir / "decodes")
-    print(scores.format())
-    sink = MetricsSink(workdir)
+    if writes_outputs():
+        print(scores.format())
+    sink = MetricsSink(workdir, enabled=writes_outputs())
     sink.write(f"parse_{split}", run.step, scores.scalars())
     sink.close()
     return 0

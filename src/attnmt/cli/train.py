@@ -55,14 +55,11 @@ def run_train(args: argparse.Namespace, overrides: Overrides) -> int:
 
 def _score_test_split(workdir: str) -> None:
     """What the run achieved: its newest checkpoint's BLEU on the test split, as
-    `attnmt evaluate --split test` prints it (train.test_at_end)."""
-    import jax
-
+    `attnmt evaluate --split test` prints it (train.test_at_end). Every process of the job
+    decodes its rows of each batch; process 0 prints and writes."""
+    from attnmt.decode.sharded import writes_outputs
     from attnmt.workdir import load_run
 
-    if jax.process_count() > 1:
-        print("test BLEU: run `attnmt evaluate --workdir ... --split test` (one process)")
-        return
     run = load_run(workdir)
     data = run.experiment.data
     if not data.test_split or data.source == "treebank":
@@ -70,7 +67,8 @@ def _score_test_split(workdir: str) -> None:
     try:
         score_and_log([run], data.test_split, run.experiment.decode, workdir, "")
     except DataError as error:  # e.g. a corpus of files with no test split
-        print(f"no test BLEU: {error}")
+        if writes_outputs():
+            print(f"no test BLEU: {error}")
 
 
 def run_params(args: argparse.Namespace, overrides: Overrides) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 
 from attnmt.cli import parse
@@ -65,9 +66,29 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     average.set_defaults(handler=run_average)
 
 
+def _join_job(args: argparse.Namespace) -> None:
+    """Several processes decode together (every device of every process): each reads the
+    same --input file; averaging would have them all write the same folder."""
+    from attnmt.decode.sharded import join_job
+
+    processes = join_job()
+    if processes == 1:
+        return
+    if getattr(args, "average_last", 0):
+        raise ConfigError(
+            f"--average-last with {processes} processes: run `attnmt average` first (one "
+            "process), then decode the folder it writes"
+        )
+    if args.command == "translate" and not args.input:
+        raise ConfigError(
+            f"--input is needed when {processes} processes translate (each reads the file)"
+        )
+
+
 def run_translate(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.decode.translate import Translator
 
+    _join_job(args)
     runs = load_runs(args)
     decode = decode_config(runs[0], args, overrides)
     translator = Translator.from_runs(runs, decode, nbest=_nbest(args, decode))
@@ -107,18 +128,23 @@ def _translate_files(translator, args: argparse.Namespace) -> None:
                 raw_in or sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n"
             )
         )
-        raw_out = (
-            files.enter_context(as_path(args.output, "--output").open("wb"))
-            if args.output
-            else None
-        )
-        target = files.enter_context(
-            io.TextIOWrapper(raw_out or sys.stdout.buffer, encoding="utf-8", write_through=True)
-        )
+        target = files.enter_context(_output(args))
         translator.translate_stream(source, target)
 
 
+def _output(args: argparse.Namespace) -> io.TextIOWrapper:
+    """--output (or stdout) on process 0; nowhere on the others, which decode their rows
+    of every batch but write nothing."""
+    from attnmt.decode.sharded import writes_outputs
+
+    if not writes_outputs():
+        return open(os.devnull, "w", encoding="utf-8")  # the caller closes it
+    raw = as_path(args.output, "--output").open("wb") if args.output else None
+    return io.TextIOWrapper(raw or sys.stdout.buffer, encoding="utf-8", write_through=True)
+
+
 def run_evaluate(args: argparse.Namespace, overrides: Overrides) -> int:
+    _join_job(args)
     runs = load_runs(args)
     split = args.split or runs[0].experiment.data.test_split
     if split == "test":
@@ -134,14 +160,17 @@ def run_evaluate(args: argparse.Namespace, overrides: Overrides) -> int:
 
 
 def score_and_log(runs: list, split: str, decode: DecodeConfig, workdir: str, tag: str) -> None:
-    """Decodes and scores `split`, prints the scores, logs them to TensorBoard."""
+    """Decodes and scores `split`, prints the scores, logs them to TensorBoard. Every
+    process of a job decodes; process 0 alone writes and prints."""
     from attnmt.decode.evaluation import evaluate_split
+    from attnmt.decode.sharded import writes_outputs
     from attnmt.metrics import MetricsSink
 
     path = as_path(workdir, "--workdir")
     scores = evaluate_split(runs, split, decode, path / "decodes", tag)
-    print(scores.format(), flush=True)
-    sink = MetricsSink(path)
+    if writes_outputs():
+        print(scores.format(), flush=True)
+    sink = MetricsSink(path, enabled=writes_outputs())
     sink.write(f"bleu_{split}{tag.replace('-', '_')}", runs[0].step, scores.scalars())
     sink.close()
 

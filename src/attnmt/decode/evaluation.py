@@ -9,6 +9,7 @@ import time
 from attnmt.config.decode import DecodeConfig
 from attnmt.config.experiment import Experiment
 from attnmt.data.prepare import load_split
+from attnmt.decode.sharded import writes_outputs
 from attnmt.decode.translate import Translator
 from attnmt.evaluate.bleu import (
     BleuResult,
@@ -73,7 +74,9 @@ def evaluate_split(
 ) -> SplitScores:
     """Translates `split` with the run (an ensemble if several) and scores it.
 
-    `tag` (e.g. "-avg5") names what was decoded when the step alone does not.
+    `tag` (e.g. "-avg5") names what was decoded when the step alone does not. Every process
+    of a job decodes (its rows of each batch) and gets every score; process 0 alone writes
+    the hypotheses.
     """
     main = runs[0]
     pairs = load_split(main.experiment.data, split)
@@ -84,10 +87,11 @@ def evaluate_split(
     hypotheses = translator.translate(sources)
     seconds = time.monotonic() - start
     sacre, tokenized, m30k = score(main.experiment, hypotheses, references)
-    output_dir.mkdir(parents=True, exist_ok=True)
     path = (
         output_dir
         / f"{split}-step{main.step}{tag}-beam{decode.beam_size}.{main.experiment.data.tgt_lang}"
     )
-    path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    if writes_outputs():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     return SplitScores(split, len(pairs), seconds, sacre, tokenized, m30k, path)

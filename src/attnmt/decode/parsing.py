@@ -33,6 +33,7 @@ from attnmt.data.treebank import (
     to_bracketed,
     words,
 )
+from attnmt.decode.sharded import writes_outputs
 from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.evaluate.parse_f1 import ParseScores, score_trees
@@ -123,11 +124,12 @@ def evaluate_parse_split(
     # every sentence has a parse, over exactly its words.
     trees = [tree for tree in parsed if tree is not None]
     tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
-    output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{split}-step{run.step}-beam{decode.beam_size}"
     paths = [
         output_dir / f"{stem}{suffix}" for suffix in (".trees", ".tagged.trees", ".gold.trees")
     ]
-    for path, written in zip(paths, (trees, tagged, gold), strict=True):
-        _write_trees(path, written)
+    if writes_outputs():  # every process of a job parses; process 0 writes
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for path, written in zip(paths, (trees, tagged, gold), strict=True):
+            _write_trees(path, written)
     return ParseSplitScores(split, seconds, score_trees(gold, tagged), *paths)

@@ -135,3 +135,19 @@ def _copied(leaf: Any, target: NamedSharding) -> jax.Array:
     devices = sorted(target.addressable_devices, key=lambda device: device.id)
     copies = [jax.device_put(leaf, device) for device in devices]
     return jax.make_array_from_single_device_arrays(np.shape(leaf), target, copies)
+
+
+def join_job() -> int:
+    """Joins the multi-process job the environment describes (as `attnmt train` does), so
+    that decoding uses every device of every process; returns the number of processes."""
+    from attnmt.parallel.distributed import initialize
+
+    if not jax.distributed.is_initialized():  # `evaluate` of a parsing run comes twice
+        initialize()
+    return jax.process_count()
+
+
+def writes_outputs() -> bool:
+    """Whether this process writes the decodes' files and prints (process 0 does; the
+    others decode their rows and write nothing)."""
+    return jax.process_index() == 0

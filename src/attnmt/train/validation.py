@@ -46,7 +46,11 @@ class Validation:
         return {k: float(v) for k, v in jax.device_get(summary).items()}
 
     def bleu(self, params: Any) -> dict[str, float]:
-        """Beam-search BLEU of `params` with the experiment's decode settings."""
+        """Beam-search BLEU of `params` with the experiment's decode settings.
+
+        Every process calls it alike: the translator gathers `params` from the training
+        mesh's shards onto every device and splits the sentences over all of them
+        (attnmt.decode.sharded), and every process gets every hypothesis and the scores."""
         self.translator.set_params([params])
         hypotheses = self.translator.translate([src for src, _ in self.bleu_pairs])
         references = [tgt for _, tgt in self.bleu_pairs]
