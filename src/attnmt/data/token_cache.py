@@ -48,6 +48,7 @@ import itertools
 import json
 import logging
 import math
+import mmap
 import multiprocessing
 import os
 import shutil
@@ -481,7 +482,7 @@ def _open(folder: Path, manifest: dict, process: int) -> CachedCorpus:
             shard_lengths = np.load(f"{shard}.{side}_lengths.npy")
             lengths[start : start + len(shard_lengths)] = shard_lengths
             start += len(shard_lengths)
-            parts.append(np.load(f"{shard}.{side}_tokens.npy", mmap_mode="r"))
+            parts.append(_mapped(f"{shard}.{side}_tokens.npy"))
         sides[side] = (FlatTokens(parts), lengths)
 
     def source_indices() -> np.ndarray:
@@ -495,6 +496,27 @@ def _open(folder: Path, manifest: dict, process: int) -> CachedCorpus:
         record = os.path.join(debug, f"gathered-{process}.jsonl")
         corpus._record = lambda ids: _append_ids(record, ids)
     return corpus
+
+
+def _mapped(path: str) -> np.ndarray:
+    """The array of a .npy file, memory-mapped read-only for random access. (np.load's
+    memmap leaves the kernel's read-ahead on: each row gathered then reads up to a few MB
+    around it, and at 36M pairs a host's resident pages grew to most of the corpus.)"""
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(file)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(file)
+        if len(shape) != 1 or fortran or dtype.hasobject:
+            raise DataError(f"{path}: not a flat token array")
+        if shape[0] == 0:  # mmap cannot map an empty file region
+            return np.zeros(0, dtype)
+        offset = file.tell()
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_RANDOM"):  # Linux, macOS; elsewhere read-ahead stays on
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=dtype, count=shape[0], offset=offset)
 
 
 def _append_ids(path: str, ids: np.ndarray) -> None:
