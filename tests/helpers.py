@@ -365,3 +365,28 @@ def token_cache_gathers(debug: Path, process: int) -> list[list[int]]:
 
     log = debug / f"gathered-{process}.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+# ---- packing (attnmt.data.packing) ------------------------------------------------------
+
+
+def reference_pack(src, tgt, order, rows: int, length: int) -> list[tuple[list, list]]:
+    """[(ids, rows)]: each example to the first row of the open batch with room on both
+    sides; a new batch when none has (examples longer than `length` left out)."""
+    batches, ids, placed = [], [], []
+    free = np.full((rows, 2), length)
+    for example in order:
+        size = (src[example], tgt[example])
+        if max(size) > length:
+            continue
+        room = np.flatnonzero((free >= size).all(axis=1))
+        if len(room) == 0:
+            batches.append((ids, placed))
+            ids, placed, free[:] = [], [], length
+            room = [0]
+        free[room[0]] -= size
+        ids.append(example)
+        placed.append(room[0])
+    if ids:
+        batches.append((ids, placed))
+    return batches

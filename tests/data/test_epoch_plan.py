@@ -9,6 +9,7 @@ import pytest
 from attnmt.data import packing
 from attnmt.data.batching import assign_buckets, bucket_shapes, plan_epoch
 from attnmt.data.packing import pack_epoch, pack_examples
+from tests.helpers import reference_pack
 
 
 def reference_plan(src, tgt, shapes, seed, epoch, shuffle):
@@ -31,28 +32,6 @@ def reference_plan(src, tgt, shapes, seed, epoch, shuffle):
     if rng is not None:
         plans = [plans[i] for i in rng.permutation(len(plans))]
     return plans
-
-
-def reference_pack(src, tgt, order, rows, length):
-    """[(ids, rows)]: each example to the first row of the open batch with room on both
-    sides; a new batch when none has."""
-    batches, ids, placed = [], [], []
-    free = np.full((rows, 2), length)
-    for example in order:
-        size = (src[example], tgt[example])
-        if max(size) > length:
-            continue
-        room = np.flatnonzero((free >= size).all(axis=1))
-        if len(room) == 0:
-            batches.append((ids, placed))
-            ids, placed, free[:] = [], [], length
-            room = [0]
-        free[room[0]] -= size
-        ids.append(example)
-        placed.append(room[0])
-    if ids:
-        batches.append((ids, placed))
-    return batches
 
 
 def random_lengths(rng: np.random.Generator, count: int, high: int) -> tuple:

@@ -10,6 +10,8 @@ computed exactly as it would be in a row of its own.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +37,10 @@ class PackedBatch:
     __hash__ = None  # type: ignore[assignment]  # holds arrays: equal but not hashable
 
 
-# Examples placed per pass of the Python loop: their lengths become Python lists (small
-# ints are shared objects, so 8 bytes per length), bounding memory at any corpus size.
-_CHUNK = 1 << 20
+# Examples whose lengths become Python lists at a time (small ints are shared objects, so
+# 8 bytes per length): memory bounded at any corpus size, and a few milliseconds per chunk
+# on the thread drawing batches (its cost is spread over the ~100 batches it feeds).
+_CHUNK = 1 << 16
 # Old rows are searched a block at a time, skipping blocks without room on both sides.
 _BLOCK = 8
 
@@ -87,54 +90,114 @@ class _OldRows:
         self.max_src, self.max_tgt = max(self.max_src, free_src), max(self.max_tgt, free_tgt)
 
 
-class _OpenBatch:
-    """The batch being filled, as first fit sees it: old rows, the last opened row, and
-    empty rows after it. First fit tries the old rows, then the last row, then opens the
-    next one. The exact largest free space of the old rows lets most examples skip them
-    with two comparisons; that is what makes a 36M-example epoch take seconds, not minutes.
+def _first_fit(
+    pairs: Iterator[tuple[int, int]], rows: int, length: int, first: tuple[int, int] | None
+) -> tuple[list[int], tuple[int, int] | None]:
+    """First fit of one batch: `first` (when given) in row 0, then the examples of `pairs`
+    (source and target lengths) in order, until one fits no row and no row is left to open.
+
+    Returns the row of each example drawn, `first` included (-1: longer than `length`,
+    left out), and the example that did not fit, which opens the next batch (None when
+    `pairs` ran out). First fit tries the old rows, then the last opened row, then opens
+    the next one; the exact largest free space of the old rows lets most examples skip
+    them with two comparisons, which is what makes a 36M-example epoch take seconds.
+    """
+    old = _OldRows()
+    max_src = max_tgt = -1  # no old row yet
+    last, last_src, last_tgt = 0, length, length  # row 0 is open, empty
+    placed: list[int] = []
+    put = placed.append
+    if first is not None:
+        last_src, last_tgt = length - first[0], length - first[1]
+        put(0)
+    for s, t in pairs:
+        if s <= max_src and t <= max_tgt:  # only then can an old row have room
+            row = old.first_with_room(s, t)
+            if row >= 0:
+                old.take(row, s, t)
+                max_src, max_tgt = old.max_src, old.max_tgt
+                put(row)
+                continue
+        if s <= last_src and t <= last_tgt:
+            last_src, last_tgt = last_src - s, last_tgt - t
+            put(last)
+            continue
+        # Checked only here: a too-long example never fits a row, so it always gets here.
+        if s > length or t > length:
+            put(-1)
+            continue
+        if last + 1 == rows:  # no row has room: the batch is complete
+            return placed, (s, t)
+        old.add(last_src, last_tgt)
+        max_src, max_tgt = old.max_src, old.max_tgt
+        last += 1
+        last_src, last_tgt = length - s, length - t
+        put(last)
+    return placed, None
+
+
+def _lengths_from(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, start: int
+) -> Iterator[tuple[int, int]]:
+    """(source, target) length of each example of `order[start:]`, as Python ints read a
+    chunk at a time (chained in C: no Python frame per example)."""
+    chunks = (
+        zip(
+            src_lengths[order[a : a + _CHUNK]].tolist(),
+            tgt_lengths[order[a : a + _CHUNK]].tolist(),
+            strict=True,
+        )
+        for a in range(start, len(order), _CHUNK)
+    )
+    return itertools.chain.from_iterable(chunks)
+
+
+class EpochPacker:
+    """The packed batches of the examples of `order`, each packed when it is drawn.
+
+    Packing is first fit within the open batch (see pack_examples, which is a loop over
+    this): a batch depends only on where in `order` it starts, so `offset` (the position
+    of the next batch's first example; ``len(order)`` at the end) is all it takes to go
+    on from any batch boundary. Costs the examples of one batch per batch (and converting
+    the next _CHUNK lengths to Python ints every _CHUNK examples).
     """
 
-    def __init__(self, rows: int, length: int) -> None:
-        self.rows, self.length = rows, length
-        self.old = _OldRows()
-        self.last_src = self.last_tgt = length
+    def __init__(
+        self,
+        src_lengths: np.ndarray,
+        tgt_lengths: np.ndarray,
+        order: np.ndarray,
+        rows: int,
+        length: int,
+        offset: int = 0,
+    ) -> None:
+        if rows < 1 or length < 1:
+            raise ValueError(f"rows and length must be positive, got {rows=} {length=}")
+        order = np.asarray(order)
+        if not np.issubdtype(order.dtype, np.integer):
+            order = order.astype(np.int64)
+        if not 0 <= offset <= len(order):
+            raise ValueError(f"offset {offset} is outside an order of {len(order)} examples")
+        self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
+        self.order, self.rows, self.length = order, rows, length
+        self.offset = offset
+        self._pairs = _lengths_from(self.src_lengths, self.tgt_lengths, order, offset)
+        self._first: tuple[int, int] | None = None  # the example at `offset`, once drawn
 
-    def place(self, src: list[int], tgt: list[int], first: int, starts: list[int]) -> list[int]:
-        """The row of each example (examples ``first, first + 1, …`` of the packing), in
-        order; appends to `starts` the position of each example that opens a batch."""
-        old, rows, length = self.old, self.rows, self.length
-        max_src, max_tgt, last_src, last_tgt = (
-            old.max_src,
-            old.max_tgt,
-            self.last_src,
-            self.last_tgt,
-        )
-        placed: list[int] = []
-        put = placed.append
-        last = len(old.src)  # the last opened row
-        for s, t in zip(src, tgt, strict=True):
-            if s <= max_src and t <= max_tgt:  # only then can an old row have room
-                row = old.first_with_room(s, t)
-                if row >= 0:
-                    old.take(row, s, t)
-                    max_src, max_tgt = old.max_src, old.max_tgt
-                    put(row)
-                    continue
-            if s <= last_src and t <= last_tgt:
-                last_src, last_tgt = last_src - s, last_tgt - t
-                put(last)
-                continue
-            if last + 1 == rows:  # no row has room: the batch is complete
-                starts.append(first + len(placed))
-                old, last = _OldRows(), 0
-            else:
-                old.add(last_src, last_tgt)
-                last += 1
-            max_src, max_tgt = old.max_src, old.max_tgt
-            last_src, last_tgt = length - s, length - t
-            put(last)
-        self.old, self.last_src, self.last_tgt = old, last_src, last_tgt
-        return placed
+    def __iter__(self) -> Iterator[PackedBatch]:
+        return self
+
+    def __next__(self) -> PackedBatch:
+        """The batch starting at `offset` (its ids in `order`'s integer type, rows int32);
+        StopIteration once no example that fits is left."""
+        start = self.offset
+        placed, self._first = _first_fit(self._pairs, self.rows, self.length, self._first)
+        self.offset = start + len(placed)
+        rows = np.asarray(placed, dtype=np.int32)
+        kept = rows >= 0
+        if not kept.any():  # the order ran out (or only too-long examples were left)
+            raise StopIteration
+        return PackedBatch(self.order[start : self.offset][kept], rows[kept])
 
 
 def pack_examples(
@@ -146,28 +209,19 @@ def pack_examples(
     sides; when no row has room, the batch is complete and the example opens the next one.
     Examples longer than `length` on either side are left out. Only the open batch is
     searched, so the data order stays (up to a batch) the order given.
-
-    The batches' arrays are views of two flat arrays (ids in `order`'s integer type, rows
-    int32): one object per batch, none per example.
     """
-    if rows < 1 or length < 1:
-        raise ValueError(f"rows and length must be positive, got {rows=} {length=}")
-    order = np.asarray(order)
-    if not np.issubdtype(order.dtype, np.integer):
-        order = order.astype(np.int64)
-    src = np.asarray(src_lengths)[order]
-    tgt = np.asarray(tgt_lengths)[order]
-    fits = (src <= length) & (tgt <= length)
-    ids, src, tgt = order[fits], src[fits], tgt[fits]
-    batch, starts = _OpenBatch(rows, length), [0]
-    placed = np.empty(len(ids), dtype=np.int32)
-    for first in range(0, len(ids), _CHUNK):
-        last = first + _CHUNK
-        placed[first:last] = batch.place(
-            src[first:last].tolist(), tgt[first:last].tolist(), first, starts
-        )
-    ends = [*starts[1:], len(ids)]
-    return [PackedBatch(ids[a:b], placed[a:b]) for a, b in zip(starts, ends, strict=True) if b > a]
+    return list(EpochPacker(src_lengths, tgt_lengths, order, rows, length))
+
+
+def epoch_order(count: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The order in which an epoch packs `count` examples: a permutation that depends only
+    on (seed, epoch), or corpus order without ``shuffle``."""
+    # int32 ids below 2**31 examples; shuffling them draws exactly what
+    # `rng.permutation(count)` draws (its int64 arange), so the order is the same.
+    order = np.arange(count, dtype=np.int32 if count <= np.iinfo(np.int32).max + 1 else np.int64)
+    if shuffle:
+        np.random.default_rng([seed, epoch]).shuffle(order)
+    return order
 
 
 def pack_epoch(
@@ -179,16 +233,12 @@ def pack_epoch(
     epoch: int,
     shuffle: bool = True,
 ) -> list[PackedBatch]:
-    """The packed batches of one epoch: examples in an order that depends only on (seed,
-    epoch) (or in corpus order without ``shuffle``)."""
+    """The packed batches of one epoch, all at once (a run packs them one at a time as it
+    draws them: EpochPacker over epoch_order)."""
     count = len(src_lengths)
     if count != len(tgt_lengths):
         raise ValueError(f"{count} source lengths but {len(tgt_lengths)} target")
-    # int32 ids below 2**31 examples; shuffling them draws exactly what
-    # `rng.permutation(count)` draws (its int64 arange), so the order is the same.
-    order = np.arange(count, dtype=np.int32 if count <= np.iinfo(np.int32).max + 1 else np.int64)
-    if shuffle:
-        np.random.default_rng([seed, epoch]).shuffle(order)
+    order = epoch_order(count, seed, epoch, shuffle)
     return pack_examples(src_lengths, tgt_lengths, order, rows, length)
 
 

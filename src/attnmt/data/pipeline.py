@@ -13,7 +13,7 @@ import numpy as np
 
 from attnmt.common import EOS_ID, PAD_ID
 from attnmt.data.batching import PlannedBatch, assign_buckets, plan_epoch
-from attnmt.data.packing import PackedBatch, fill_rows, pack_epoch
+from attnmt.data.packing import EpochPacker, PackedBatch, epoch_order, fill_rows
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import DataError
 from attnmt.storage import as_path, write_atomic
@@ -337,7 +337,9 @@ class BatchIterator:
     ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size // shard_count``,
     so all processes step through the same sequence of global batches. With ``pack``,
     ``shapes`` is one (rows, length) shape and each row holds as many examples as fit
-    (attnmt.data.packing).
+    (attnmt.data.packing); an epoch draws its example order at its start and packs each
+    batch when it is drawn (on the training loop's prefetch thread), so no epoch is
+    planned ahead and a saved position (``packed_offset``) resumes at once.
     """
 
     def __init__(
@@ -380,42 +382,78 @@ class BatchIterator:
         self._seed = seed
         self._epoch = 0
         self._index = 0
-        self._plan: list[PlannedBatch] | list[PackedBatch] | None = None
+        self._plan: list[PlannedBatch] | None = None  # bucketed: the epoch's batches
+        # Packed: where in the epoch's order the next batch starts (None: not known yet,
+        # from a state saved without it), the packer positioned there, and the order.
+        self._offset: int | None = 0
+        self._packer: EpochPacker | None = None
+        self._order: tuple[tuple[int, int, bool], np.ndarray] | None = None
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0-based)."""
         return self._epoch
 
-    def _current_plan(self) -> list[PlannedBatch] | list[PackedBatch]:
+    def _current_plan(self) -> list[PlannedBatch]:
         if self._plan is None:
             c = self.corpus
-            lengths = (c.src_lengths, c.tgt_lengths)
             epoch = (self._seed, self._epoch, self.shuffle)
-            if self.pack:
-                self._plan = pack_epoch(*lengths, *self.shapes[0], *epoch)
-            else:
-                self._plan = plan_epoch(*lengths, self.shapes, *epoch)
+            self._plan = plan_epoch(c.src_lengths, c.tgt_lengths, self.shapes, *epoch)
         return self._plan
+
+    def _epoch_order(self) -> np.ndarray:
+        """The packing order of the current epoch (kept while the epoch lasts: restoring a
+        position in it, as the training loop does when it stops, draws nothing again)."""
+        key = (self._seed, self._epoch, self.shuffle)
+        if self._order is None or self._order[0] != key:
+            self._order = None  # one order held at a time (4 bytes an example)
+            self._order = (key, epoch_order(len(self.corpus), *key))
+        return self._order[1]
+
+    def _current_packer(self) -> EpochPacker:
+        """The packer of the current epoch at the next batch; a position saved without
+        its offset is found by packing the epoch again up to it (slow, but exact)."""
+        if self._packer is None:
+            c, (rows, length) = self.corpus, self.shapes[0]
+            order, offset = self._epoch_order(), self._offset
+            if offset is not None and 0 < offset < len(order):
+                first = order[offset]
+                if max(c.src_lengths[first], c.tgt_lengths[first]) > length:
+                    raise ValueError(
+                        f"bad iterator state: packed_offset={offset} does not start a "
+                        f"batch of epoch {self._epoch} (a state of another corpus?)"
+                    )
+            packer = EpochPacker(c.src_lengths, c.tgt_lengths, order, rows, length, offset or 0)
+            if offset is None:
+                for _ in itertools.islice(packer, self._index):
+                    pass
+                self._offset = packer.offset
+            self._packer = packer
+        return self._packer
+
+    def _next_packed(self) -> PackedBatch | None:
+        """The next batch of the current epoch, packed now; None at the epoch's end."""
+        packer, self._packer = self._current_packer(), None
+        # Kept only once packed: a batch cut short (an exception) leaves the packer
+        # mid-batch, so the next call starts again from the offset instead.
+        batch = next(packer, None)
+        self._packer, self._offset = packer, packer.offset
+        return batch
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
+        if self.pack:
+            return self._packed_rows()
         plan = self._current_plan()
         if self._index >= len(plan):
             if not self.repeat:
                 raise StopIteration
-            self._epoch += 1
-            self._index = 0
-            self._plan = None
+            self._start_epoch(self._epoch + 1)
             plan = self._current_plan()
         entry = plan[self._index]
         self._index += 1
-        if isinstance(entry, PackedBatch):
-            batch_size, length = self.shapes[0]
-            rows = batch_size // self.shard_count
-            return self.corpus.gather_packed(entry, self.shard_index * rows, rows, length)
         batch_size, length = self.shapes[entry.shape_index]
         rows = batch_size // self.shard_count
         # Filler rows (-1) pad the last batch of a bucket up to its fixed batch size.
@@ -425,17 +463,57 @@ class BatchIterator:
         src, tgt = self.corpus.gather(ids, length)
         return {"src_tokens": src, "tgt_tokens": tgt}
 
+    def _packed_rows(self) -> dict[str, np.ndarray]:
+        """This process's rows of the next packed batch."""
+        entry = self._next_packed()
+        if entry is None:
+            if not self.repeat:
+                raise StopIteration
+            self._start_epoch(self._epoch + 1)
+            entry = self._next_packed()
+            assert entry is not None, "an epoch of examples that fit holds a batch"
+        self._index += 1
+        batch_size, length = self.shapes[0]
+        rows = batch_size // self.shard_count
+        return self.corpus.gather_packed(entry, self.shard_index * rows, rows, length)
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._epoch, self._index, self._offset = epoch, 0, 0
+        self._plan = self._packer = None
+
     def get_state(self) -> dict[str, int]:
-        """JSON-serialisable position: the next batch is batch ``index`` of ``epoch``."""
-        return {"epoch": self._epoch, "index": self._index, "seed": self._seed}
+        """JSON-serialisable position: the next batch is batch ``index`` of ``epoch``;
+        packed, it starts at ``packed_offset`` in the epoch's order (absent while not yet
+        known, after restoring a state that had none)."""
+        state = {"epoch": self._epoch, "index": self._index, "seed": self._seed}
+        if self.pack and self._offset is not None:
+            state["packed_offset"] = self._offset
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continues from ``state`` (from ``get_state``), including its seed."""
+        """Continues from ``state`` (from ``get_state``), including its seed. A packed
+        state without ``packed_offset`` (saved before it existed) is exact too: the first
+        batch drawn packs the epoch up to it again. Bucketed iterators ignore the offset."""
         try:
             epoch, index, seed = (int(state[k]) for k in ("epoch", "index", "seed"))
+            offset = int(state["packed_offset"]) if "packed_offset" in state else None
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"bad iterator state {state!r}: {e}") from None
         if epoch < 0 or index < 0 or seed < 0:
             raise ValueError(f"bad iterator state {state!r}: values must be >= 0")
-        self._epoch, self._index, self._seed = epoch, index, seed
-        self._plan = None
+        if self.pack and offset is not None:
+            _check_offset(state, offset, index, len(self.corpus))
+        self._start_epoch(epoch)
+        self._index, self._seed = index, seed
+        if self.pack and index > 0:
+            self._offset = offset
+
+
+def _check_offset(state: dict[str, Any], offset: int, index: int, count: int) -> None:
+    """What a packed offset must satisfy whatever the batches: each batch holds at least
+    one example, so batch ``index`` starts at or after example ``index`` (at 0 for 0)."""
+    if not index <= offset <= count or (offset == 0) != (index == 0):
+        raise ValueError(
+            f"bad iterator state {state!r}: packed_offset={offset} is not where batch "
+            f"{index} of an epoch of {count} examples can start"
+        )
