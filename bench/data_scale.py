@@ -4,6 +4,7 @@ with cores, epoch-plan time and memory, a training host's peak RSS, restart to f
     python bench/data_scale.py --json results.json
     python bench/data_scale.py --sizes 1M,4M,12M,36M --tokenize-pairs 200000
     python bench/data_scale.py --cache-dir /tmp/attnmt-36M   # keep the 36M cache for reruns
+    python bench/data_scale.py --parts plan,restart --kinds packed --sizes 36M
     python bench/data_scale.py --smoke
 
 Everything is synthetic, with WMT-like lengths: source tokens lognormal around 27 (mean
@@ -16,15 +17,22 @@ Parts:
   trained on a sample, then --tokenize-pairs pairs written into a token cache
   (attnmt.data.token_cache.load_or_write) with 1 worker and with one per core; seconds per
   million pairs and the speed-up.
-- plan: plan_epoch (bucketed) and pack_epoch (packed) at each size, each in a fresh process:
-  seconds, and the peak RSS the plan adds (VmHWM after minus before; the lengths excluded).
+- plan: what a run waits for before an epoch's first batch, at each size, in a fresh process:
+  bucketed, plan_epoch (the whole epoch is planned at once); packed, the epoch's example
+  order and its first batch (an epoch is packed batch by batch as it is drawn, on the
+  training loop's prefetch thread), then the packing time per batch over the next
+  --pack-batches batches (mean and largest, µs). And the peak RSS this adds (VmHWM after
+  minus before; the lengths excluded).
 - host: a training host at the largest size: a fresh process opens the cache (tokens written
   straight from synthetic arrays in the cache's format, no tokenizer), plans, and draws 50
   batches of its rows; its peak RSS (VmHWM).
 - restart: a fresh process opens the same cache, restores an iterator state half-way through
   epoch 0 and draws one batch; the wall time from starting the process, and its parts.
-Goals (issue 29): peak RSS ≤ 4 GiB at 36M, plan ≤ 10 s, restart ≤ 30 s, tokenization
-scaling with cores.
+  Packed, twice: from a state without packed_offset (as saved before it existed: the epoch
+  is packed again up to it), then from the state that run saved (with it: no replay).
+--parts and --kinds choose what runs (host and restart need no tokenizer: any part runs
+alone). Goals (issue 29): peak RSS ≤ 4 GiB at 36M, plan ≤ 10 s, restart ≤ 30 s,
+tokenization scaling with cores.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ TOKENS_PER_BATCH = 25_000
 PACK_ROWS = TOKENS_PER_BATCH // MAX_LENGTH // 8 * 8  # 96 rows of 256 tokens
 VOCAB_SIZE = 8000
 HOST_BATCHES = 50
+PARTS = ("tokenize", "plan", "host", "restart")
+KINDS = ("bucketed", "packed")
 
 
 def parse_size(text: str) -> int:
@@ -183,15 +193,24 @@ def write_synthetic_cache(folder: Path, count: int, seed: int) -> float:
     return time.perf_counter() - start
 
 
+def ensure_cache(folder: Path, count: int) -> None:
+    """Writes the synthetic cache of `count` pairs into `folder` unless one is complete."""
+    from attnmt.data import token_cache
+
+    if token_cache._complete(cache_path(folder)) is None:
+        print(f"writing a {count:,}-pair token cache to {folder}", flush=True)
+        seconds = write_synthetic_cache(folder, count, seed=3)
+        print(f"  written in {seconds:.1f} s", flush=True)
+
+
 # --------------------------------------------------------------------------- children
 
 
-def _open_cache(folder: str, vocab: str) -> Any:
+def _open_cache(folder: str) -> Any:
     from attnmt.data import token_cache
-    from attnmt.data.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.load(vocab)  # only used to write: the cache is complete
-    corpus, _ = token_cache.load_or_write(cache_path(folder), lambda: (), tokenizer, MAX_LENGTH)
+    # What load_or_write does with a complete cache (it needs a tokenizer only to write).
+    corpus, _ = token_cache.open_cache(cache_path(folder))
     return corpus
 
 
@@ -203,17 +222,40 @@ def _shapes(kind: str) -> list[tuple[int, int]]:
 
 def child_plan(job: dict) -> dict:
     from attnmt.data.batching import plan_epoch
-    from attnmt.data.packing import pack_epoch
 
     src, tgt = synthetic_lengths(job["pairs"], seed=0)
     before = vm_hwm_bytes()
     start = time.perf_counter()
     if job["kind"] == "packed":
-        plan = pack_epoch(src, tgt, PACK_ROWS, MAX_LENGTH, seed=1, epoch=0)
+        answer = _packed_epoch_start(src, tgt, job["pack_batches"])
     else:
-        plan = plan_epoch(src, tgt, _shapes("bucketed"), seed=1, epoch=0)
+        answer = {"batches": len(plan_epoch(src, tgt, _shapes("bucketed"), seed=1, epoch=0))}
+        answer["seconds"] = time.perf_counter() - start
+    return {**answer, "plan_peak": vm_hwm_bytes() - before}
+
+
+def _packed_epoch_start(src: np.ndarray, tgt: np.ndarray, batches: int) -> dict:
+    """What BatchIterator(pack=True) pays: the epoch's order and first batch (seconds),
+    then each of the next `batches` batches (µs; fewer if the epoch ends first)."""
+    from attnmt.data.packing import EpochPacker, epoch_order
+
+    start = time.perf_counter()
+    packer = EpochPacker(src, tgt, epoch_order(len(src), 1, 0), PACK_ROWS, MAX_LENGTH)
+    next(packer)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "batches": len(plan), "plan_peak": vm_hwm_bytes() - before}
+    times = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        if next(packer, None) is None:
+            break
+        times.append(time.perf_counter() - start)
+    micro = np.asarray(times) * 1e6
+    return {
+        "seconds": seconds,
+        "batches_timed": len(times),
+        "us_per_batch": float(micro.mean()) if len(micro) else None,
+        "max_us_per_batch": float(micro.max()) if len(micro) else None,
+    }
 
 
 def child_host(job: dict) -> dict:
@@ -221,12 +263,12 @@ def child_host(job: dict) -> dict:
 
     times = {}
     start = time.perf_counter()
-    corpus = _open_cache(job["cache"], job["vocab"])
+    corpus = _open_cache(job["cache"])
     times["open_s"] = time.perf_counter() - start
     packed = job["kind"] == "packed"
     batches = BatchIterator(corpus, _shapes(job["kind"]), seed=1, pack=packed)
-    if job.get("index"):
-        batches.set_state({"epoch": 0, "index": job["index"], "seed": 1})
+    if job.get("state"):
+        batches.set_state(job["state"])
     drawn = job.get("draw", HOST_BATCHES)
     next(batches)
     times["first_batch_s"] = time.perf_counter() - start
@@ -239,6 +281,7 @@ def child_host(job: dict) -> dict:
         **times,
         "pairs": len(corpus),
         "drawn": drawn,
+        "state": batches.get_state(),
         "peak_rss": vm_hwm_bytes(),
         "rss_anon": proc_status("RssAnon"),
         "rss_file": proc_status("RssFile"),
@@ -260,24 +303,44 @@ def run_child(job: dict) -> dict:
 # --------------------------------------------------------------------------- parts
 
 
-def plan_part(sizes: list[int]) -> list[dict]:
+def plan_part(sizes: list[int], kinds: list[str], pack_batches: int) -> list[dict]:
     rows = []
-    for pairs, kind in itertools.product(sizes, ("bucketed", "packed")):
-        answer = run_child({"part": "plan", "pairs": pairs, "kind": kind})
+    for pairs, kind in itertools.product(sizes, kinds):
+        job = {"part": "plan", "pairs": pairs, "kind": kind, "pack_batches": pack_batches}
+        answer = run_child(job)
         rows.append({"part": "plan", "pairs": pairs, "kind": kind, **answer})
-        print(f"  plan {kind:8s} {pairs:>11,} pairs: {answer['seconds']:.2f} s", flush=True)
+        per_batch = f", {answer['us_per_batch']:.0f} µs a batch" if kind == "packed" else ""
+        print(
+            f"  plan {kind:8s} {pairs:>11,} pairs: {answer['seconds']:.2f} s to the first "
+            f"batch{per_batch}",
+            flush=True,
+        )
     return rows
 
 
-def host_parts(folder: Path, vocab: str, count: int) -> list[dict]:
+def host_parts(folder: Path, count: int, parts: list[str], kinds: list[str]) -> list[dict]:
     rows = []
-    for kind in ("bucketed", "packed"):
-        job = {"part": "host", "cache": str(folder), "vocab": vocab, "kind": kind}
-        rows.append({"part": "host", "kind": kind, **run_child(job)})
-        # Half-way through epoch 0: about count / 2 pairs in, in batches of ~650 pairs.
-        middle = count // 1300
-        answer = run_child({**job, "index": middle, "draw": 1})
-        rows.append({"part": "restart", "kind": kind, "index": middle, **answer})
+    for kind in kinds:
+        job = {"part": "host", "cache": str(folder), "kind": kind}
+        if "host" in parts:
+            rows.append({"part": "host", "kind": kind, **run_child(job)})
+        if "restart" in parts:
+            rows += restart_rows(job, count)
+    return rows
+
+
+def restart_rows(job: dict, count: int) -> list[dict]:
+    """Half-way through epoch 0 (about count / 2 pairs in, in batches of ~650 pairs): the
+    state as saved before packed_offset existed; packed, then the state that run saved
+    after its batch (with packed_offset), as a checkpoint holds it now."""
+    state = {"epoch": 0, "index": count // 1300, "seed": 1}
+    rows = []
+    for saved in ("index", "packed_offset") if job["kind"] == "packed" else ("index",):
+        answer = run_child({**job, "state": state, "draw": 1})
+        rows.append({"part": "restart", "kind": job["kind"], "saved": saved, **answer})
+        rows[-1]["index"] = state["index"]
+        state = answer["state"]
+        print(f"  restart {job['kind']} (by {saved}): {answer['process_s']:.1f} s", flush=True)
     return rows
 
 
@@ -289,7 +352,19 @@ def print_rows(rows: list[dict]) -> None:
                 row[f"{key}_GiB"] = row[key] / gib
     for part, columns in (
         ("tokenize", ["pairs", "workers", "seconds", "s_per_M_pairs", "speedup"]),
-        ("plan", ["pairs", "kind", "seconds", "batches", "plan_peak_GiB"]),
+        (
+            "plan",
+            [
+                "pairs",
+                "kind",
+                "seconds",
+                "batches",
+                "batches_timed",
+                "us_per_batch",
+                "max_us_per_batch",
+                "plan_peak_GiB",
+            ],
+        ),
         (
             "host",
             [
@@ -306,6 +381,7 @@ def print_rows(rows: list[dict]) -> None:
             "restart",
             [
                 "kind",
+                "saved",
                 "index",
                 "open_s",
                 "first_batch_s",
@@ -325,6 +401,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,4M,12M,36M", help="pairs per plan size")
     parser.add_argument("--tokenize-pairs", default="200k", help="pairs tokenized per run")
     parser.add_argument("--cache-dir", help="the largest size's token cache (kept; reused)")
+    parser.add_argument("--parts", default=",".join(PARTS), help="of " + ",".join(PARTS))
+    parser.add_argument("--kinds", default=",".join(KINDS), help="of " + ",".join(KINDS))
+    parser.add_argument(
+        "--pack-batches", type=int, default=2000, help="packed plan: batches timed one by one"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     common.add_output_args(parser)
     args = parser.parse_args()
@@ -334,23 +415,26 @@ def main() -> None:
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     tokenize_pairs = parse_size(args.tokenize_pairs)
+    parts, kinds = common.str_list(args.parts), common.str_list(args.kinds)
+    unknown = sorted(set(parts) - set(PARTS)) + sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown parts or kinds: {', '.join(unknown)}")
     if args.smoke:
         sizes, tokenize_pairs = [20_000], 5_000
     info = common.machine_info()
     common.print_machine(info)
     common.warn_if_busy(info)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="attnmt-data-scale-") as scratch:
-        print(f"tokenizing {tokenize_pairs:,} pairs with 1 and all workers", flush=True)
-        rows = tokenize_part(tokenize_pairs, Path(scratch))
-        rows += plan_part(sizes)
-        folder = Path(args.cache_dir or Path(scratch) / "cache")
-        from attnmt.data import token_cache
-
-        if token_cache._complete(cache_path(folder)) is None:
-            print(f"writing a {sizes[-1]:,}-pair token cache to {folder}", flush=True)
-            seconds = write_synthetic_cache(folder, sizes[-1], seed=3)
-            print(f"  written in {seconds:.1f} s", flush=True)
-        rows += host_parts(folder, str(Path(scratch) / "spm.model"), sizes[-1])
+        if "tokenize" in parts:
+            print(f"tokenizing {tokenize_pairs:,} pairs with 1 and all workers", flush=True)
+            rows += tokenize_part(tokenize_pairs, Path(scratch))
+        if "plan" in parts:
+            rows += plan_part(sizes, kinds, args.pack_batches)
+        if {"host", "restart"} & set(parts):
+            folder = Path(args.cache_dir or Path(scratch) / "cache")
+            ensure_cache(folder, sizes[-1])
+            rows += host_parts(folder, sizes[-1], parts, kinds)
     print_rows(rows)
     common.append_json(args.json, "data_scale", args, rows)
 
