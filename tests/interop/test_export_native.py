@@ -42,7 +42,7 @@ EXPORTABLE = ["--config.model.positional_layout=halves", "--config.model.layer_n
 
 @pytest.fixture(scope="module")
 def native(tmp_path_factory) -> Path:
-    """`attnmt train` on the word-for-word task: 60 updates of configs/tiny.py (its own
+    """`attnmt train` on the word-for-word task: 200 updates of configs/tiny.py (its own
     64-piece BPE vocabulary, decoder start <s>), enough for translations that depend on the
     input and end with </s>."""
     root = tmp_path_factory.mktemp("native")
@@ -58,9 +58,9 @@ def native(tmp_path_factory) -> Path:
         "--config.data.min_bucket_length=24",  # one compiled shape
         "--config.data.test_split=",
         *EXPORTABLE,
-        "--config.train.num_steps=60",
+        "--config.train.num_steps=200",
         "--config.train.eval_every_steps=0",
-        "--config.train.checkpoint_every_steps=60",
+        "--config.train.checkpoint_every_steps=200",
         "--config.train.memory_preflight=false",
         "--config.train.xla_backend_optimization_level=0",
         "--config.optim.warmup_steps=30",
