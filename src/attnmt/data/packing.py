@@ -6,6 +6,10 @@ end to end instead: one shape, one compiled step, and padding only where no furt
 example fits. The model keeps each example to itself through segment ids (attention only
 within a segment) and per-example positions (attnmt.common), so a packed example is
 computed exactly as it would be in a row of its own.
+
+A run packs an epoch batch by batch as it draws them (EpochPacker): first fit only looks
+at the open batch, so a batch depends on nothing but where it starts in the epoch's order,
+and that position is all a resumed run needs.
 """
 
 from __future__ import annotations
