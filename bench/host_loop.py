@@ -131,8 +131,7 @@ def _write_text_corpus(folder: Path, pairs: int) -> Path:
     return folder
 
 
-def _cpu_overrides(folder: Path, updates: int, smoke: bool) -> list[str]:
-    width = 32 if smoke else 128
+def _cpu_overrides(folder: Path, updates: int, width: int) -> list[str]:
     return [
         f"data.src_path={folder}/{{split}}.src",
         f"data.tgt_path={folder}/{{split}}.tgt",
@@ -182,11 +181,11 @@ def bare_rate(overrides: list[str], updates: int) -> float:
         return updates / (time.perf_counter() - start)
 
 
-def loop_against_bare(updates: int, repeats: int, smoke: bool) -> list[dict[str, Any]]:
+def loop_against_bare(updates: int, repeats: int, width: int) -> list[dict[str, Any]]:
     """(b): the Trainer against the bare step, medians of `repeats` runs each."""
     with tempfile.TemporaryDirectory() as folder:
         corpus = _write_text_corpus(Path(folder), 4000)
-        overrides = _cpu_overrides(corpus, updates, smoke)
+        overrides = _cpu_overrides(corpus, updates, width)
         rates: dict[str, list[float]] = {"bare": [], "trainer": []}
         for _ in range(repeats):
             rates["bare"].append(bare_rate(overrides, 100 if updates >= 200 else updates))
@@ -209,16 +208,18 @@ def main() -> None:
     parser.add_argument("--device-ms", type=float, default=5.0, help="(a) simulated step")
     parser.add_argument("--loop-updates", type=int, default=400, help="(b) updates a run")
     parser.add_argument("--repeats", type=int, default=3, help="(b) runs of each")
+    parser.add_argument("--width", type=int, default=128, help="(b) model.d_model (d_ff 4x)")
     common.add_output_args(parser)
     args = parser.parse_args()
     if args.smoke:
         args.pairs, args.updates, args.loop_updates, args.repeats = 20_000, 5, 4, 1
+        args.width = 32
     info = common.machine_info()
     common.print_machine(info)
     common.warn_if_busy(info)
     with contextlib.redirect_stdout(sys.stderr):  # the trainer's progress bar
         parts = host_parts(args.pairs, args.updates, args.device_ms)
-        loop = loop_against_bare(args.loop_updates, args.repeats, args.smoke)
+        loop = loop_against_bare(args.loop_updates, args.repeats, args.width)
     print("(a) host work per update, base batch (25k + 25k tokens)\n")
     print(common.markdown_table(parts, COLUMNS_A))
     print("\n(b) the Trainer against the bare step on this CPU\n")
