@@ -97,21 +97,23 @@ def host_parts(pairs: int, updates: int, device_ms: float) -> list[dict[str, Any
     rows_out = [{"part": name, **_ms(seconds)} for name, seconds in parts.items()]
     sequential = [sum(x) for x in zip(*parts.values(), strict=True)]
     rows_out.append({"part": "all four, on the loop's thread (before)", **_ms(sequential)})
-    waits = _queue_waits(batches, experiment.model, updates, device_ms)
-    rows_out.append({"part": f"prefetch queue next() (device step {device_ms} ms)", **_ms(waits)})
-    critical = [
-        w + s + p for w, s, p in zip(waits, parts["split"], parts["put_batch"], strict=True)
-    ]
-    rows_out.append(
-        {"part": "left on the loop's thread: next() + split + put_batch", **_ms(critical)}
-    )
+
+    def prepare(batch: dict[str, Any]) -> Any:  # what Trainer._prepare does on the thread
+        rows = plan.process_micro_rows(len(batch["src_tokens"]))
+        micro = split_batch(batch, plan.accumulation_steps, rows)
+        return [put_batch(b, mesh) for b in micro], BatchFigures.of(batch, experiment.model)
+
+    waits = _queue_waits(batches, prepare, updates, device_ms)
+    part = f"left on the loop's thread: the queue's next() (step {device_ms} ms)"
+    rows_out.append({"part": part, **_ms(waits)})
     return rows_out
 
 
-def _queue_waits(batches: BatchIterator, model: Any, updates: int, device_ms: float) -> list[float]:
+def _queue_waits(
+    batches: BatchIterator, prepare: Callable[[Any], Any], updates: int, device_ms: float
+) -> list[float]:
     """Time of next() on the prefetcher's queue while the consumer 'computes' device_ms."""
     waits: list[float] = []
-    prepare = lambda batch: (batch, BatchFigures.of(batch, model))  # noqa: E731
     with Prefetcher(batches, prepare, depth=2) as feed:
         next(feed)
         for _ in range(updates):

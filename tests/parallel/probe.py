@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     from attnmt.checkpoint.manager import CheckpointManager
     from attnmt.cli.main import main as attnmt_main
     from attnmt.parallel.agreement import any_process, sum_over_processes
-    from attnmt.train import loop, stopping
+    from attnmt.train import loop, prefetch, stopping
 
     process = int(os.environ.get("ATTNMT_PROCESS_ID", "0"))
     out_dir = os.environ.get("ATTNMT_PROBE_DIR")
@@ -141,14 +141,17 @@ def main(argv: list[str]) -> int:
 
     CheckpointManager.save = save
 
+    # The batches the loop consumes, in order (the prefetch thread draws ahead of them).
     drawn: list[tuple[str, int]] = []
-    real_split = loop.split_batch
+    real_next = prefetch.Prefetcher.__next__
 
-    def split_batch(batch, *args):
+    def consumed(self):
+        item = real_next(self)
+        batch = item.value.batch
         drawn.append((_digest(batch), int(np.count_nonzero(batch["tgt_tokens"]))))
-        return real_split(batch, *args)
+        return item
 
-    loop.split_batch = split_batch
+    prefetch.Prefetcher.__next__ = consumed
     real_train_once = loop.Trainer._train_once
 
     def train_once(self):

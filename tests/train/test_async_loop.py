@@ -219,16 +219,16 @@ def test_sigterm_stops_within_the_agreement_interval_and_resumes_bit_exactly(
     reference = build_trainer(experiment, tmp_path / "reference")
     assert reference.run().step == updates
 
-    placed = []
-    real_put = loop.put_batch
+    dispatched = []
+    real_one_update = loop.Trainer._one_update
 
-    def put_batch(batch, mesh):
-        placed.append(1)  # once per update here (no accumulation), on the loop's thread
-        if len(placed) == signal_at:
+    def one_update(self, batches):
+        dispatched.append(1)  # once per update, on the loop's thread
+        if len(dispatched) == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_put(batch, mesh)
+        return real_one_update(self, batches)
 
-    monkeypatch.setattr(loop, "put_batch", put_batch)
+    monkeypatch.setattr(loop.Trainer, "_one_update", one_update)
     preempted = build_trainer(experiment, tmp_path / "run")
     result = preempted.run()
     assert result.exit_code == 143 and result.stopped_because.startswith("SIGTERM")
@@ -240,7 +240,7 @@ def test_sigterm_stops_within_the_agreement_interval_and_resumes_bit_exactly(
     _, position = _state_and_position(tmp_path / "run", preempted, result.step)
     assert position == replay.get_state() == preempted.train_batches.get_state()
 
-    monkeypatch.setattr(loop, "put_batch", real_put)
+    monkeypatch.setattr(loop.Trainer, "_one_update", real_one_update)
     resumed = build_trainer(experiment, tmp_path / "run")
     assert resumed.run().step == updates
     got, got_position = _state_and_position(tmp_path / "run", resumed, updates)

@@ -67,6 +67,15 @@ class BatchFigures:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One update's input, made ready on the prefetch thread."""
+
+    batch: dict[str, np.ndarray]  # this process's rows of the update, on the host
+    placed: list[dict[str, jax.Array]]  # its micro-batches, on the devices
+    figures: BatchFigures
+
+
 @dataclasses.dataclass
 class _Window:
     """What happened since the last log line (metrics stay on device until then)."""
@@ -133,7 +142,7 @@ class Trainer:
         self._step, self._consecutive = 0, 0
         self._pending: list[jax.Array] = []
         self._position: dict[str, Any] | None = None
-        self._feed: Prefetcher[tuple[dict[str, np.ndarray], BatchFigures]] | None = None
+        self._feed: Prefetcher[Prepared] | None = None
         self._decisions: StepDecisions | None = None
 
     @property
@@ -261,15 +270,22 @@ class Trainer:
     def _patience_out(self) -> bool:
         return self.best is not None and self.best.exhausted
 
-    def _start_feed(self, step: int) -> Prefetcher[tuple[dict[str, np.ndarray], BatchFigures]]:
+    def _start_feed(self, step: int) -> Prefetcher[Prepared]:
         """Batches drawn ahead: no more than the updates left need (a skipped update's is
         added when it is read), so nothing is drawn that a finished run does not use."""
-        train, model = self.experiment.train, self.experiment.model
+        train = self.experiment.train
+        return Prefetcher(
+            self.train_batches, self._prepare, train.prefetch_depth, train.num_steps - step
+        )
 
-        def prepare(batch: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], BatchFigures]:
-            return batch, BatchFigures.of(batch, model)
-
-        return Prefetcher(self.train_batches, prepare, train.prefetch_depth, train.num_steps - step)
+    def _prepare(self, batch: dict[str, np.ndarray]) -> Prepared:
+        """On the prefetch thread: the update's micro-batches, split and placed on the
+        devices (placing is no collective: each process puts its own rows), and the
+        figures the log counts."""
+        rows = self.plan.process_micro_rows(len(batch["src_tokens"]))
+        micro_batches = split_batch(batch, self.accumulation_steps, rows)
+        placed = [put_batch(b, self.mesh) for b in micro_batches]
+        return Prepared(batch, placed, BatchFigures.of(batch, self.experiment.model))
 
     def _stop_feed(self) -> None:
         """Stops the prefetcher and puts the iterator back after the last batch consumed:
@@ -292,12 +308,9 @@ class Trainer:
         item = next(self._feed)  # this process's rows of the update
         if self.profiler.count and not self._pending:
             self.profiler.before_update(self._step)
-        batch, figures = item.value
-        rows = self.plan.process_micro_rows(len(batch["src_tokens"]))
-        micro_batches = split_batch(batch, self.accumulation_steps, rows)
-        metrics = self._one_update([put_batch(b, self.mesh) for b in micro_batches])
+        metrics = self._one_update(item.value.placed)
         self._position = item.position
-        self._window.add(figures, metrics)
+        self._window.add(item.value.figures, metrics)
         # The outcome comes from the metrics: the state's step is donated to the next update.
         self._pending.append(metrics["skipped"])
         self._read(keep=1)
