@@ -210,11 +210,22 @@ def _state_and_position(workdir, trainer, step: int) -> tuple[list[np.ndarray], 
     return jax.tree_util.tree_leaves(jax.device_get(state)), position
 
 
+@pytest.mark.parametrize("alone, stop_at", [(True, 7), (False, 11)])
 def test_sigterm_stops_within_the_agreement_interval_and_resumes_bit_exactly(
-    reversal_corpus, tmp_path, monkeypatch
+    alone, stop_at, reversal_corpus, tmp_path, monkeypatch
 ):
+    """A process alone stops at the update the signal came in; in a job (the decisions made
+    as if other processes took part) at the next agreement: 0, 1, 6, 11, 16."""
     monkeypatch.setattr(stopping, "time", _FrozenClock)
-    updates, signal_at = 16, 7  # agreements at 0, 1, 6, 11, 16: the stop is at 11
+    updates, signal_at = 16, 7
+    if not alone:
+        real_init = stopping.StepDecisions.__init__
+
+        def in_a_job(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            self._alone = False
+
+        monkeypatch.setattr(stopping.StepDecisions, "__init__", in_a_job)
     experiment = tiny_experiment(_overrides(reversal_corpus, updates))
     reference = build_trainer(experiment, tmp_path / "reference")
     assert reference.run().step == updates
@@ -232,7 +243,7 @@ def test_sigterm_stops_within_the_agreement_interval_and_resumes_bit_exactly(
     preempted = build_trainer(experiment, tmp_path / "run")
     result = preempted.run()
     assert result.exit_code == 143 and result.stopped_because.startswith("SIGTERM")
-    assert signal_at <= result.step < signal_at + AGREE and result.step == 11
+    assert signal_at <= result.step < signal_at + AGREE and result.step == stop_at
     # Its checkpoint holds the data position after exactly `step` batches.
     replay = BatchIterator(preempted.train_batches.corpus, preempted.train_batches.shapes, seed=0)
     for _ in range(result.step):

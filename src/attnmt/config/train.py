@@ -34,6 +34,9 @@ class TrainConfig:
     # best` reads it): "loss" = validation loss (lower is better, every eval_every_steps),
     # "bleu" = validation sacreBLEU (higher is better, every bleu_every_steps); "" = off.
     keep_best_by: Literal["", "loss", "bleu"] = ""
+    # How many steps saved as a new best to keep (the N most recent improvements, the
+    # steps leading up to the best): `attnmt average --best N` averages them.
+    keep_best_checkpoints: int = 1
     # >0: stop (with a checkpoint) after this many evaluations of keep_best_by in a row
     # without improvement on the best; 0 = never
     early_stop_patience: int = 0
@@ -70,7 +73,8 @@ class TrainConfig:
     # after it: within this many updates, or within the first update that ends 1 s after
     # it when updates take longer than 0.1 s. 10: one small all-gather per 50 ms at the
     # paper's 5 ms base step (a few % at worst on a pod's network), while a preemption's
-    # grace period (30 s and more) is never at risk.
+    # grace period (30 s and more) is never at risk. A run of one process gathers nothing
+    # and looks at its own signal and clock after every update.
     agree_every_steps: int = 10
 
     def __post_init__(self) -> None:
@@ -80,6 +84,7 @@ class TrainConfig:
             "grad_accum_steps",
             "log_every_steps",
             "keep_checkpoints",
+            "keep_best_checkpoints",
             "max_consecutive_skips",
             "agree_every_steps",
         )
@@ -112,12 +117,18 @@ class TrainConfig:
         self._check_best()
 
     def _check_best(self) -> None:
-        """keep_best_by needs the evaluation it ranks; patience needs something ranked."""
+        """keep_best_by needs the evaluation it ranks; patience and keep_best_checkpoints
+        need something ranked."""
         needs = {"loss": "eval_every_steps", "bleu": "bleu_every_steps"}.get(self.keep_best_by)
         if needs and getattr(self, needs) == 0:
             raise ConfigError(
                 f"train.keep_best_by={self.keep_best_by!r} needs train.{needs} > 0 (the "
                 "evaluation it ranks checkpoints by)"
+            )
+        if self.keep_best_checkpoints > 1 and not self.keep_best_by:
+            raise ConfigError(
+                f"train.keep_best_checkpoints={self.keep_best_checkpoints} needs "
+                'train.keep_best_by ("loss" or "bleu"): the metric that ranks them'
             )
         if self.early_stop_patience and not self.keep_best_by:
             raise ConfigError(

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from attnmt.checkpoint.manager import BEST_MODES
@@ -142,13 +143,19 @@ class StepDecisions:
         self._start = self._last_checkpoint = self._clock()
         self._next = 0  # the step of the next agreement (the first: wherever the run starts)
         self._agreed: tuple[int, float] | None = None  # (step, clock) of the last agreement
+        # Alone, a process agrees with itself at no cost: its own signal and clock are
+        # looked at after every update, and a SIGTERM stops it at the next step.
+        self._alone = jax.process_count() == 1
 
     def due(self, step: int) -> bool:
         """Whether every process calls `at` once `step` is reached: the scheduled agreement,
         an evaluation that can exhaust the early-stopping patience, and the last step. The
-        same answer on every process (it depends on the step and agreed figures only)."""
+        same answer on every process (it depends on the step and agreed figures only).
+        A process alone also calls it whenever its own signal or clock proposes something."""
         train = self._train
         if step >= self._next or step >= train.num_steps:
+            return True
+        if self._alone and self._proposal(self._clock(), False).any():
             return True
         if not train.early_stop_patience:
             return False
@@ -164,16 +171,7 @@ class StepDecisions:
         train, now = self._train, self._clock()
         if step >= train.num_steps:  # the same step on every process: nothing to share
             return Decision("finished", False)
-        minutes = train.checkpoint_every_minutes
-        proposal = np.array(
-            [
-                self._signal.requested,
-                bool(train.time_limit_minutes)
-                and now - self._start >= 60 * train.time_limit_minutes,
-                bool(minutes) and now - self._last_checkpoint >= 60 * minutes,
-                early_stop,
-            ]
-        )
+        proposal = self._proposal(now, early_stop)
         sigterm, out_of_time, checkpoint, patience_out = (bool(x) for x in any_process(proposal))
         self._schedule(step, now)
         if sigterm:
@@ -184,6 +182,20 @@ class StepDecisions:
         if out_of_time:
             return Decision(f"time limit of {train.time_limit_minutes} minutes reached", False)
         return Decision("", checkpoint)
+
+    def _proposal(self, now: float, early_stop: bool) -> np.ndarray:
+        """This process's [SIGTERM, time limit reached, time-based checkpoint due, patience
+        out], from its own signal handler and clock."""
+        train, minutes = self._train, self._train.checkpoint_every_minutes
+        return np.array(
+            [
+                self._signal.requested,
+                bool(train.time_limit_minutes)
+                and now - self._start >= 60 * train.time_limit_minutes,
+                bool(minutes) and now - self._last_checkpoint >= 60 * minutes,
+                early_stop,
+            ]
+        )
 
     def _schedule(self, step: int, now: float) -> None:
         """Sets the next agreement step from the agreed (mean over processes) time per
