@@ -390,3 +390,36 @@ def reference_pack(src, tgt, order, rows: int, length: int) -> list[tuple[list, 
     if ids:
         batches.append((ids, placed))
     return batches
+
+
+# ---- a run whose validation curve turns (train.keep_best_by) ------------------------------
+
+
+def write_turning_corpus(directory: Path) -> Path:
+    """The reversal corpus whose dev targets are shifted by one letter (a→b, …, h→a): the
+    validation loss falls while the model learns what any target looks like (letters,
+    lengths, the end), then rises as it grows sure of the true letter."""
+    corpus = write_reversal_corpus(directory, train=1500, dev=64)
+    shift = str.maketrans("abcdefgh", "bcdefgha")
+    (corpus / "dev.tgt").write_text((corpus / "dev.tgt").read_text().translate(shift))
+    return corpus
+
+
+def event_scalars(folder: Path, tag: str) -> dict[int, float]:
+    """step -> value of `tag` in the folder's TensorBoard event files, read record by record
+    (u64 length, u32 crc, payload, u32 crc) with tensorboardX's protobuf."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    values: dict[int, float] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = value.simple_value
+    return values

@@ -1,8 +1,10 @@
 """Checkpoint averaging (§6.1: base models average the last 5 checkpoints, big ones the last 20).
 
-Only the parameters are averaged; everything else (optimizer state, step, RNG, data position,
-config) comes from the newest checkpoint, so the result is an ordinary workdir that every
-command reads, and training could even resume from it.
+The last K, or the N best steps saved with a validation metric (train.keep_best_by keeps
+them: the improvements leading up to the best), which leaves out the worse steps after the
+validation curve turns. Only the parameters are averaged; everything else (optimizer state,
+step, RNG, data position, config) comes from the newest averaged checkpoint, so the result
+is an ordinary workdir that every command reads, and training could even resume from it.
 """
 
 from __future__ import annotations
@@ -122,22 +124,25 @@ def _restore_newest(
 
 def average_checkpoints(
     workdir: str | os.PathLike,
-    last: int,
+    last: int = 0,
     output_dir: str | os.PathLike | None = None,
     abstract_state: Any | None = None,
     overwrite: bool = False,
+    best: int = 0,
 ) -> AverageResult:
-    """Writes a workdir whose one checkpoint holds the mean parameters of the newest `last`."""
+    """Writes a workdir whose one checkpoint holds the mean parameters of the newest `last`
+    steps, or with `best` of the `best` best steps saved with a validation metric (whose
+    newest is the best step, which the rest of the state then comes from). Default
+    output: <workdir>/average-last<K> or <workdir>/average-best<N>."""
+    if last and best:
+        raise CheckpointError("average the last K or the best N checkpoints, not both")
     workdir = as_path(workdir, "--workdir")
     where = checkpoint_dir(workdir)
-    output = _checked_output(workdir, where, last, output_dir, overwrite)
+    name = f"average-best{best}" if best else f"average-last{last}"
+    output = _checked_output(workdir, where, best or last, name, output_dir, overwrite)
     reader = partial_reader(where)
     try:
-        steps = tuple(sorted(reader.all_steps())[-last:])
-        if not steps:
-            raise CheckpointError(f"no checkpoint in {where}")
-        if len(steps) < last:
-            log.warning("only %d checkpoint(s) in %s; averaging all of them", len(steps), where)
+        steps = _best_steps(workdir, where, best) if best else _last_steps(reader, where, last)
         metadata = {step: _state_metadata(reader, where, step) for step in steps}
         _check_shapes(where, steps, metadata)
         sums = _sum_params(reader, steps, metadata)
@@ -164,19 +169,50 @@ def average_checkpoints(
     return AverageResult(output_dir=output, steps=steps, step=steps[-1])
 
 
+def _last_steps(reader: ocp.CheckpointManager, where: str, last: int) -> tuple[int, ...]:
+    """The newest `last` steps, oldest first; all of them (with a warning) if fewer."""
+    steps = tuple(sorted(reader.all_steps())[-last:])
+    if not steps:
+        raise CheckpointError(f"no checkpoint in {where}")
+    if len(steps) < last:
+        log.warning("only %d checkpoint(s) in %s; averaging all of them", len(steps), where)
+    return steps
+
+
+def _best_steps(workdir: Path, where: str, best: int) -> tuple[int, ...]:
+    """The `best` best steps saved with a validation metric, oldest first (the newest of
+    them is the best: only new bests carry a metric). Fewer is refused rather than
+    averaged: the steps rotation deleted cannot be brought back."""
+    manager = CheckpointManager(workdir)  # reads every step's metrics, as `--step best` does
+    try:
+        ranked = manager.ranked()
+    finally:
+        manager.close()
+    if len(ranked) < best:
+        kept = ", ".join(str(step) for step in sorted(step for step, _ in ranked)) or "none"
+        raise CheckpointError(
+            f"cannot average the best {best}: {where} holds {len(ranked)} step(s) saved as "
+            f"a new best (steps: {kept}); train with train.keep_best_by (loss or bleu) and "
+            f"train.keep_best_checkpoints ≥ {best} to keep them, or average fewer"
+        )
+    return tuple(sorted(step for step, _ in ranked[:best]))
+
+
 def _checked_output(
-    workdir: Path, where: str, last: int, output_dir: str | os.PathLike | None, overwrite: bool
+    workdir: Path,
+    where: str,
+    count: int,
+    name: str,
+    output_dir: str | os.PathLike | None,
+    overwrite: bool,
 ) -> Path:
-    """The output workdir, once the request is known to be sound."""
-    if last < 1:
-        raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {last}")
+    """The output workdir (`output_dir`, else <workdir>/<name>), once the request is known
+    to be sound."""
+    if count < 1:
+        raise CheckpointError(f"the number of checkpoints to average must be ≥ 1, got {count}")
     if not as_path(where).is_dir():  # checked first: opening a manager would create the folder
         raise CheckpointError(f"no checkpoints folder at {where}")
-    output = (
-        as_path(output_dir, "--output")
-        if output_dir is not None
-        else workdir / f"average-last{last}"
-    )
+    output = as_path(output_dir, "--output") if output_dir is not None else workdir / name
     if output.absolute() == workdir.absolute():  # overwrite would delete the sources
         raise CheckpointError(f"the output dir {output} must differ from the workdir {workdir}")
     output_checkpoints = as_path(checkpoint_dir(output))

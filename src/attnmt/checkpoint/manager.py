@@ -7,14 +7,16 @@ goes on while the arrays are written. A step whose files are later damaged is de
 restore: the newest readable step is used instead, and the damaged one is moved aside.
 
 With `keep_best_by`, a save that is a new best carries its metric (Orbax writes it as the
-step's `metrics` item), and rotation keeps the best of those beside the last K.
+step's `metrics` item), and rotation keeps the `keep_best` best of those beside the last K.
+Only new bests carry one, so those are the most recent improvements: the steps leading up
+to the best, which `attnmt average --best N` averages.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +58,25 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
+class _BestSaved:
+    """Orbax preservation policy: the `n` best steps saved with a metric (best = lowest
+    `sign * metric`, the earlier of equal values, as CheckpointManager.ranked orders them).
+
+    Orbax's BestN keeps every step, with a metric or not, while there are no more than n
+    steps in all, so the first n steps of a run would all stay until the (n+1)th save."""
+
+    def __init__(self, metric: Callable[[dict], float], sign: float, n: int) -> None:
+        self.metric, self.sign, self.n = metric, sign, n
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        scored = [info for info in checkpoints if info.metrics is not None]
+        scored.sort(key=lambda info: (self.sign * self.metric(info.metrics), info.step))
+        kept = {info.step for info in scored[: self.n]}
+        return [info.step in kept for info in checkpoints]
+
+
 def _options(
-    keep: int, asynchronous: bool, clean_up_unfinished: bool, keep_best_by: str
+    keep: int, asynchronous: bool, clean_up_unfinished: bool, keep_best_by: str, keep_best: int
 ) -> ocp.CheckpointManagerOptions:
     common = dict(
         enable_async_checkpointing=asynchronous,
@@ -74,18 +93,13 @@ def _options(
         return float(metrics.get(keep_best_by, worst))
 
     policies = ocp.checkpoint_managers
-    # The last `keep` steps, or the best of the steps saved with a metric (only new bests
-    # are, so it is also the newest of them). best_fn makes Orbax write the metrics.
+    # The last `keep` steps, or the `keep_best` best of the steps saved with a metric (only
+    # new bests are, so they are also the newest of them). best_fn makes Orbax write the
+    # metrics, and read every step's back when a resumed run reopens the folder, so the
+    # ranking survives a restart.
+    sign = 1.0 if mode == "min" else -1.0
     keep_policy = policies.AnyPreservationPolicy(
-        [
-            policies.LatestN(n=keep),
-            policies.BestN(
-                get_metric_fn=metric,
-                reverse=mode == "min",  # BestN keeps the end of the sorted list
-                n=1,
-                keep_checkpoints_without_metrics=False,
-            ),
-        ]
+        [policies.LatestN(n=keep), _BestSaved(metric, sign, keep_best)]
     )
     return ocp.CheckpointManagerOptions(
         best_fn=metric, best_mode=mode, preservation_policy=keep_policy, **common
@@ -152,7 +166,8 @@ def _move_folder(source: epath.Path, destination: epath.Path) -> None:
 
 class CheckpointManager:
     """Keep-last-K checkpoints in `<workdir>/checkpoints/<step>/{state,data,config}`, and
-    with `keep_best_by` ("loss" or "bleu") also the best step saved with that metric.
+    with `keep_best_by` ("loss" or "bleu") also the `keep_best` best steps saved with that
+    metric.
 
     `clean_up_unfinished` deletes the temporary folders of saves that a killed process left
     behind; only the process that writes checkpoints (the trainer) should ask for it, since
@@ -166,11 +181,14 @@ class CheckpointManager:
         asynchronous: bool = True,
         clean_up_unfinished: bool = False,
         keep_best_by: str = "",
+        keep_best: int = 1,
     ) -> None:
         if keep_best_by and keep_best_by not in BEST_MODES:
             raise ValueError(f"keep_best_by must be one of {sorted(BEST_MODES)}")
+        if keep_best < 1:
+            raise ValueError(f"keep_best must be ≥ 1, got {keep_best}")
         self.keep_best_by = keep_best_by
-        options = _options(keep, asynchronous, clean_up_unfinished, keep_best_by)
+        options = _options(keep, asynchronous, clean_up_unfinished, keep_best_by, keep_best)
         self.directory = checkpoint_dir(workdir)
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=_handlers()
@@ -187,6 +205,11 @@ class CheckpointManager:
 
         Read from the steps' own metrics, so any reader (`--step best`) finds it: by
         `keep_best_by`, or else by the one metric the steps carry."""
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def ranked(self) -> list[tuple[int, float]]:
+        """(step, value) of every step saved with a metric, best first (as `best`)."""
         names = [self.keep_best_by] if self.keep_best_by else list(BEST_MODES)
         found: dict[str, list[tuple[int, float]]] = {}
         for step in self.all_steps():
@@ -199,11 +222,11 @@ class CheckpointManager:
                 f"checkpoints in {self.directory} are ranked by both {' and '.join(found)}"
             )
         if not found:
-            return None
+            return []
         name, ranked = next(iter(found.items()))
         sign = 1.0 if BEST_MODES[name] == "min" else -1.0
-        # The earliest of equal values: a later equal one is no improvement.
-        return min(ranked, key=lambda pair: (sign * pair[1], pair[0]))
+        # The earliest of equal values first: a later equal one is no improvement.
+        return sorted(ranked, key=lambda pair: (sign * pair[1], pair[0]))
 
     def save(
         self, step: int, state: Any, data_state: dict, config: dict, metric: float | None = None

@@ -84,7 +84,11 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="checkpoint step, or best (kept by train.keep_best_by); default the newest",
     )
-    parser.add_argument("--average-last", type=int, default=0, help="average the last K first")
+    averaged = parser.add_mutually_exclusive_group()
+    averaged.add_argument("--average-last", type=int, default=0, help="average the last K first")
+    averaged.add_argument(
+        "--average-best", type=int, default=0, help="average the N best first (attnmt average)"
+    )
     parser.add_argument(
         "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
     )
@@ -135,14 +139,20 @@ def decode_config(run: Any, args: argparse.Namespace, overrides: Overrides) -> D
 
 
 def load_runs(args: argparse.Namespace) -> list:
-    """The run of `--workdir` (averaged first with `--average-last`), then `--ensemble`'s."""
+    """The run of `--workdir` (averaged first with `--average-last` or `--average-best`),
+    then `--ensemble`'s."""
     from attnmt.workdir import load_run
 
     workdir = args.workdir
-    if getattr(args, "average_last", 0):
+    last, best = getattr(args, "average_last", 0), getattr(args, "average_best", 0)
+    if last or best:
+        import jax
+
         from attnmt.checkpoint.average import average_checkpoints
 
-        result = average_checkpoints(args.workdir, args.average_last, overwrite=True)
+        if best and jax.process_count() > 1:  # every process would write the same folder
+            raise ConfigError("--average-best in a job: run `attnmt average --best` first")
+        result = average_checkpoints(args.workdir, last, overwrite=True, best=best)
         print(f"averaged steps {list(result.steps)} into {result.output_dir}", file=sys.stderr)
         workdir = result.output_dir
     runs = [load_run(workdir, args.step)]

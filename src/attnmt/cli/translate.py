@@ -56,11 +56,25 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--split", default=None, help="default: the config's test split")
     evaluate.set_defaults(handler=run_evaluate)
 
-    average = commands.add_parser("average", help="average the last K checkpoints (§6.1)")
+    average = commands.add_parser(
+        "average", help="average the last K checkpoints (§6.1), or the N best"
+    )
     average.add_argument("--workdir", required=True, type=storage_path)
-    average.add_argument("--last", type=int, default=5, help="paper: 5 (base), 20 (big)")
+    which = average.add_mutually_exclusive_group()
+    which.add_argument(
+        "--last", type=int, default=None, help="default 5; paper: 5 (base), 20 (big)"
+    )
+    which.add_argument(
+        "--best",
+        type=int,
+        default=None,
+        help="the N best steps by validation (train.keep_best_by, train.keep_best_checkpoints)",
+    )
     average.add_argument(
-        "--output", type=storage_path, default=None, help="default <workdir>/average-last<K>"
+        "--output",
+        type=storage_path,
+        default=None,
+        help="default <workdir>/average-last<K> or <workdir>/average-best<N>",
     )
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=run_average)
@@ -179,6 +193,10 @@ def run_average(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.checkpoint.average import average_checkpoints
 
     only_section("average", overrides, None)
-    result = average_checkpoints(args.workdir, args.last, args.output, overwrite=args.overwrite)
+    # --last 5 unless --best is given (argparse keeps the two exclusive).
+    last = 5 if args.last is None and args.best is None else args.last or 0
+    result = average_checkpoints(
+        args.workdir, last, args.output, overwrite=args.overwrite, best=args.best or 0
+    )
     print(f"averaged steps {list(result.steps)} into {result.output_dir} (step {result.step})")
     return 0

@@ -53,6 +53,7 @@ def build_trainer(
         keep=experiment.train.keep_checkpoints,
         clean_up_unfinished=True,
         keep_best_by=experiment.train.keep_best_by,
+        keep_best=experiment.train.keep_best_checkpoints,
     )
     state = _initial_state(program, checkpoints, inputs.train_batches, workdir)
     return Trainer(
