@@ -168,6 +168,8 @@ def run_evaluate(args: argparse.Namespace, overrides: Overrides) -> int:
     # Averaged and ensembled decodes get their own file and TensorBoard series, so they do
     # not overwrite the plain checkpoint's results of the same step.
     tag = f"-avg{args.average_last}" if args.average_last else ""
+    best = getattr(args, "average_best", 0)
+    tag += f"-avgbest{best}" if best else ""
     tag += "-ensemble" if args.ensemble else ""
     score_and_log(runs, split, decode_config(runs[0], args, overrides), args.workdir, tag)
     return 0
