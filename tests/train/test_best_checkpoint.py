@@ -9,7 +9,6 @@ letter. The best step is read back from the run's own TensorBoard scalars.
 from __future__ import annotations
 
 import shutil
-import struct
 from pathlib import Path
 
 import jax
@@ -29,17 +28,15 @@ from attnmt.train.stopping import (
     early_stop_reason,
 )
 from attnmt.workdir import abstract_params_on_one_device, load_run
-from tests.helpers import corpus_overrides, tiny_experiment, write_reversal_corpus
+from tests.helpers import (
+    corpus_overrides,
+    event_scalars,
+    tiny_experiment,
+    write_turning_corpus,
+)
 
 EVERY = 10  # train.eval_every_steps = train.checkpoint_every_steps
 PATIENCE = 3
-SHIFT = str.maketrans("abcdefgh", "bcdefgha")
-
-
-def turning_corpus(directory: Path) -> Path:
-    corpus = write_reversal_corpus(directory, train=1500, dev=64)
-    (corpus / "dev.tgt").write_text((corpus / "dev.tgt").read_text().translate(SHIFT))
-    return corpus
 
 
 def overrides(corpus: Path, steps: int, *extra: str) -> list[str]:
@@ -60,29 +57,11 @@ def overrides(corpus: Path, steps: int, *extra: str) -> list[str]:
     ]
 
 
-def event_scalars(folder: Path, tag: str) -> dict[int, float]:
-    """step -> value of `tag` in the folder's event files, read record by record
-    (u64 length, u32 crc, payload, u32 crc) with tensorboardX's protobuf."""
-    from tensorboardX.proto import event_pb2
-
-    values: dict[int, float] = {}
-    for path in sorted(folder.glob("events.out.tfevents.*")):
-        data, offset = path.read_bytes(), 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset : offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-            offset += 12 + length + 4
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = value.simple_value
-    return values
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """One run to 150 steps at most, early stopping on; its workdir, result and scalars."""
     root = tmp_path_factory.mktemp("best")
-    corpus = turning_corpus(root / "corpus")
+    corpus = write_turning_corpus(root / "corpus")
     result = build_trainer(tiny_experiment(overrides(corpus, 150)), root / "run").run()
     losses = event_scalars(root / "run" / "tensorboard" / "eval", "loss")
     return root, corpus, result, losses
@@ -147,7 +126,7 @@ def test_a_rerun_of_an_early_stopped_run_stops_at_once(straight, tmp_path):
 
 
 def test_keep_best_by_loss_needs_an_evaluation_split(tmp_path):
-    corpus = turning_corpus(tmp_path / "corpus")
+    corpus = write_turning_corpus(tmp_path / "corpus")
     experiment = tiny_experiment(overrides(corpus, 20, "--config.data.eval_split="))
     with pytest.raises(ConfigError, match=r"train\.keep_best_by='loss'.*data\.eval_split"):
         build_trainer(experiment, tmp_path / "run")
