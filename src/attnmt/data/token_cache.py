@@ -229,7 +229,8 @@ def _start_worker(spec: tuple) -> None:
     if spec[0] == "pair":
         _worker_tokenizer = PairTokenizer(spec[1], spec[2])
     else:
-        _worker_tokenizer = Tokenizer(spm.SentencePieceProcessor(model_proto=spec[1]))
+        # One thread: the pool has one worker per core already.
+        _worker_tokenizer = Tokenizer(spm.SentencePieceProcessor(model_proto=spec[1]), threads=1)
 
 
 def _encode_in_worker(chunk: list[Pair], max_length: int, first: int) -> EncodedChunk:
@@ -253,6 +254,9 @@ class _Encoder:
     def __init__(self, tokenizer: Tokenizer | PairTokenizer, max_length: int, workers: int):
         self.tokenizer, self.max_length = tokenizer, max_length
         self.workers = workers or len(os.sched_getaffinity(0))
+        if self.workers == 1 and isinstance(tokenizer, Tokenizer):
+            # One worker means one core (sentencepiece's batches would use them all).
+            self.tokenizer = tokenizer.single_threaded()
         self.spec = _worker_spec(tokenizer) if self.workers > 1 else None
         self.pool: Any = None
         self.submitted = 0

@@ -211,10 +211,19 @@ class SpecialIds:
 class Tokenizer(SpecialIds):
     """Encodes text to ids (without EOS) and decodes ids back, stopping at EOS."""
 
-    def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None) -> None:
+    def __init__(
+        self, processor: spm.SentencePieceProcessor, path: Path | None = None, threads: int = -1
+    ) -> None:
         self._sp = processor
         self.path = path
         self._size = processor.get_piece_size()
+        # Threads of encode_batch: sentencepiece's default (-1) is one per core; a worker
+        # of a pool that already has one process per core (attnmt.data.token_cache) uses 1.
+        self.threads = threads
+
+    def single_threaded(self) -> Tokenizer:
+        """The same vocabulary, whose batches are encoded on one thread."""
+        return Tokenizer(self._sp, self.path, threads=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
@@ -240,7 +249,7 @@ class Tokenizer(SpecialIds):
         return self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts), out_type=int)
+        return self._sp.encode(list(texts), out_type=int, num_threads=self.threads)
 
     def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Target sentences: the shared model encodes both sides alike."""
