@@ -129,9 +129,10 @@ def load_or_write(
     total = None
     reused = _complete(folder) is not None
     if not reused:
+        i, count = processes.index, processes.count
         log.info(
-            "tokenizing into %s: process %d of %d writes every %d. shard from shard %d on",
-            folder, processes.index, processes.count, processes.count, processes.index,
+            "tokenizing into %s: process %d of %d writes shards %d, %d, %d, …",
+            folder, i, count, i, i + count, i + 2 * count,
         )  # fmt: skip
         dtypes = _dtypes(tokenizer.vocab_size, max_length)
         total = _write_own_shards(folder, pairs(), tokenizer, max_length, processes, layout, dtypes)
