@@ -103,3 +103,30 @@ def test_smoothed_loss_is_minimised_by_the_smoothed_distribution():
         eps,
     )
     assert float(worse[0, 0]) > float(best[0, 0]) + math.ulp(1.0)
+
+
+def test_cooldown_ramps_the_paper_rate_linearly_to_zero_at_num_steps():
+    from attnmt.train.optim import learning_rate_schedule
+
+    d_model, warmup, num_steps, cooldown = 64, 10, 100, 40
+    config = OptimConfig(warmup_steps=warmup, learning_rate_scale=0.5, cooldown_steps=cooldown)
+    schedule = learning_rate_schedule(config, d_model, num_steps)
+    for step in range(1, num_steps + 1):  # the paper's step s is optax's count s - 1
+        paper = 0.5 * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        ramp = min(1.0, (num_steps - step + 1) / cooldown)
+        assert float(schedule(step - 1)) == pytest.approx(paper * ramp, rel=1e-5)
+    # The 60 updates before the cooldown are the paper's; the last runs at 1/40 of it.
+    assert float(schedule(num_steps - 1)) == pytest.approx(
+        0.5 * d_model**-0.5 * num_steps**-0.5 / cooldown, rel=1e-5
+    )
+    assert float(schedule(num_steps)) == 0.0
+
+
+def test_cooldown_longer_than_the_run_is_a_config_error():
+    from attnmt.config.experiment import Experiment
+    from attnmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.cooldown_steps=50 .*train.num_steps=20"):
+        Experiment.from_mapping({"optim": {"cooldown_steps": 50}, "train": {"num_steps": 20}})
+    with pytest.raises(ConfigError, match="optim.cooldown_steps must be ≥ 0"):
+        OptimConfig(cooldown_steps=-1)

@@ -57,6 +57,12 @@ class Experiment:
                 f"data.batch_multiple={self.data.batch_multiple} sentences of the shortest bucket"
             )
 
+        if self.optim.cooldown_steps > self.train.num_steps:
+            raise ConfigError(
+                f"optim.cooldown_steps={self.optim.cooldown_steps} is longer than the run "
+                f"(train.num_steps={self.train.num_steps})"
+            )
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}
 

@@ -149,6 +149,10 @@ class OptimConfig:
     beta2: float = 0.98
     epsilon: float = 1e-9
     max_grad_norm: float = 0.0  # 0 = no clipping, as in the paper
+    # >0: over the last cooldown_steps updates before train.num_steps the rate falls
+    # linearly from the paper's schedule to 0, so a short run ends on a settled model rather
+    # than at the inverse-sqrt rate (a "warmup-stable-decay" ending); 0 = the paper's throughout.
+    cooldown_steps: int = 0
 
     def __post_init__(self) -> None:
         check_types(self, "optim")
@@ -161,5 +165,7 @@ class OptimConfig:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.cooldown_steps < 0:
+            raise ConfigError(f"optim.cooldown_steps must be ≥ 0, got {self.cooldown_steps}")
         if self.epsilon <= 0 or self.max_grad_norm < 0:
             raise ConfigError("optim.epsilon must be > 0 and optim.max_grad_norm ≥ 0")

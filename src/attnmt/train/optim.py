@@ -30,8 +30,35 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return schedule
 
 
-def make_optimizer(config: OptimConfig, d_model: int) -> optax.GradientTransformation:
+def with_cooldown(schedule: optax.Schedule, num_steps: int, cooldown_steps: int) -> optax.Schedule:
+    """`schedule` times a linear ramp to 0 over the last `cooldown_steps` of `num_steps` updates.
+
+    With optax's count (updates already applied), update num_steps - cooldown_steps is the
+    last at full rate and update num_steps (count num_steps - 1) runs at 1/cooldown_steps of it.
+    """
+    if cooldown_steps <= 0:
+        return schedule
+    if num_steps < cooldown_steps:
+        raise ValueError(f"cooldown_steps={cooldown_steps} exceeds num_steps={num_steps}")
+
+    def cooled(count: jnp.ndarray) -> jnp.ndarray:
+        remaining = num_steps - jnp.asarray(count, jnp.float32)
+        return schedule(count) * jnp.clip(remaining / cooldown_steps, 0.0, 1.0)
+
+    return cooled
+
+
+def learning_rate_schedule(config: OptimConfig, d_model: int, num_steps: int) -> optax.Schedule:
+    """The rate of every update: the paper's schedule, with `optim.cooldown_steps` at the end."""
     schedule = paper_schedule(d_model, config.warmup_steps, config.learning_rate_scale)
+    return with_cooldown(schedule, num_steps, config.cooldown_steps)
+
+
+def make_optimizer(
+    config: OptimConfig, d_model: int, num_steps: int = 0
+) -> optax.GradientTransformation:
+    """`num_steps` (train.num_steps) is needed only with `optim.cooldown_steps`."""
+    schedule = learning_rate_schedule(config, d_model, num_steps)
     if config.algorithm == "sgd":
         update = optax.sgd(schedule)
     else:

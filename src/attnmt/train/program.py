@@ -31,7 +31,7 @@ from attnmt.parallel.sharding import (
     replicated,
 )
 from attnmt.train import step as steps
-from attnmt.train.optim import make_optimizer, paper_schedule
+from attnmt.train.optim import learning_rate_schedule, make_optimizer
 
 Batch = dict[str, Any]
 
@@ -94,7 +94,9 @@ def abstract_state(experiment: Experiment, mesh: Mesh) -> steps.TrainState:
     """Shapes, dtypes and shardings of the experiment's train state on `mesh`, computed
     without allocating it (Orbax restores into these; a new state is created in them)."""
     model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
+    optimizer = make_optimizer(
+        experiment.optim, experiment.model.d_model, experiment.train.num_steps
+    )
     return _abstract(model, optimizer, experiment.train.seed, mesh)
 
 
@@ -178,11 +180,10 @@ def build_program(experiment: Experiment, mesh: Mesh) -> TrainProgram:
     (the state's from the logical rules, batches split over data × fsdp, metrics
     replicated), so a parallelism change is a mesh change."""
     model = Transformer(experiment.model)
-    optimizer = make_optimizer(experiment.optim, experiment.model.d_model)
-    optim, train = experiment.optim, experiment.train
-    learning_rate = paper_schedule(
-        experiment.model.d_model, optim.warmup_steps, optim.learning_rate_scale
-    )
+    train = experiment.train
+    d_model, num_steps = experiment.model.d_model, train.num_steps
+    optimizer = make_optimizer(experiment.optim, d_model, num_steps)
+    learning_rate = learning_rate_schedule(experiment.optim, d_model, num_steps)
     abstract = _abstract(model, optimizer, train.seed, mesh)
     plain = _plain_steps(experiment, model, optimizer, learning_rate)
     options = compiler_options(train.xla_backend_optimization_level)
