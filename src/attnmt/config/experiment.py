@@ -62,6 +62,19 @@ class Experiment:
                 f"optim.cooldown_steps={self.optim.cooldown_steps} is longer than the run "
                 f"(train.num_steps={self.train.num_steps})"
             )
+        self._check_word_classes()
+
+    def _check_word_classes(self) -> None:
+        """Words are one class only where the target's leaves are the input's words."""
+        data = self.data
+        if self.train.word_leaves_as_one_class and (
+            data.source != "treebank" or data.treebank_leaves != "words"
+        ):
+            raise ConfigError(
+                "train.word_leaves_as_one_class needs a parsing target whose leaves are the "
+                'input\'s words: data.source="treebank" and data.treebank_leaves="words" '
+                f"(now {data.source!r} and {data.treebank_leaves!r})"
+            )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -76,6 +76,13 @@ class TrainConfig:
     # grace period (30 s and more) is never at risk. A run of one process gathers nothing
     # and looks at its own signal and clock after every update.
     agree_every_steps: int = 10
+    # A parsing model that copies its input's words (data.treebank_leaves="words"): train
+    # and validate on the tree grammar's decisions only. Its decoding scores a word as the
+    # probability of *any* word there and forces the word's pieces, so the plain loss would
+    # spend capacity on which word comes next, which decoding never asks; with this, all
+    # leaf pieces form one class (their log-probabilities summed), a word's later pieces
+    # count nowhere, and brackets and EOS keep their own classes (train/loss.py).
+    word_leaves_as_one_class: bool = False
 
     def __post_init__(self) -> None:
         check_types(self, "train")

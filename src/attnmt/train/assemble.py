@@ -14,6 +14,7 @@ import jax
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.experiment import Experiment
 from attnmt.data.pipeline import BatchIterator
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
 from attnmt.metrics import MetricsSink
@@ -22,6 +23,7 @@ from attnmt.storage import Path, as_path
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs, prepare_inputs, with_recorded_data_dir
 from attnmt.train.loop import Trainer, TrainResult
+from attnmt.train.loss import WordClasses
 from attnmt.train.preflight import memory_preflight
 from attnmt.train.program import TrainProgram, build_program
 from attnmt.train.stopping import BestSoFar, best_after_resume
@@ -42,7 +44,7 @@ def build_trainer(
     mesh = make_mesh(experiment.parallel)
     inputs = prepare_inputs(experiment, workdir, mesh)
     _check_best_is_measured(experiment, inputs)
-    program = build_program(experiment, mesh)
+    program = build_program(experiment, mesh, _word_classes(experiment, inputs.tokenizer))
     if experiment.train.memory_preflight:
         memory_preflight(
             program, inputs.plan.micro_shapes, inputs.plan.accumulation_steps, memory_limit_bytes
@@ -65,6 +67,25 @@ def build_trainer(
         _validation(program, inputs),
         _best_so_far(experiment, checkpoints, state),
     )
+
+
+def _word_classes(experiment: Experiment, tokenizer: Tokenizer) -> WordClasses | None:
+    """train.word_leaves_as_one_class's vocabulary classes, from the run's vocabulary as
+    decoding reads it (decode/parsing.py): None when the option is off."""
+    if not experiment.train.word_leaves_as_one_class:
+        return None
+    classes = None
+    if hasattr(tokenizer, "whole_words"):  # a pair vocabulary keeps no tree tokens whole
+        pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+        classes = WordClasses.from_vocabulary(
+            tokenizer.whole_words(), pieces, experiment.model.vocab_size
+        )
+    if classes is None:
+        raise ConfigError(
+            "train.word_leaves_as_one_class needs a vocabulary that keeps the trees' brackets "
+            "whole (one trained by attnmt on the treebank); this run's has none"
+        )
+    return classes
 
 
 def _check_best_is_measured(experiment: Experiment, inputs: TrainInputs) -> None:

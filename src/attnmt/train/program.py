@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from attnmt.common import batch_keys
 from attnmt.config.experiment import Experiment
 from attnmt.config.xla import compiler_options
+from attnmt.errors import ConfigError
 from attnmt.model.transformer import Transformer
 from attnmt.parallel.sharding import (
     RuledJit,
@@ -31,6 +32,7 @@ from attnmt.parallel.sharding import (
     replicated,
 )
 from attnmt.train import step as steps
+from attnmt.train.loss import WordClasses
 from attnmt.train.optim import learning_rate_schedule, make_optimizer
 
 Batch = dict[str, Any]
@@ -113,21 +115,24 @@ def _plain_steps(
     model: Transformer,
     optimizer: optax.GradientTransformation,
     learning_rate: optax.Schedule,
+    word_classes: WordClasses | None = None,
 ) -> PlainSteps:
     """The experiment's steps bound to `model`, `optimizer` and `learning_rate`, with its
-    label smoothing and dropout RNG, unjitted."""
+    label smoothing and dropout RNG, unjitted; `word_classes` (constants the steps capture)
+    make their loss treat copied words as one class (train.word_leaves_as_one_class)."""
     smoothing, rng_impl = experiment.train.label_smoothing, experiment.train.dropout_rng
+    loss = {"rng_impl": rng_impl, "word_classes": word_classes}
     return PlainSteps(
         train_step=functools.partial(
-            steps.train_step, model, optimizer, learning_rate, smoothing, rng_impl=rng_impl
+            steps.train_step, model, optimizer, learning_rate, smoothing, **loss
         ),
         grad_step=functools.partial(
-            steps.compute_gradients, model, label_smoothing=smoothing, rng_impl=rng_impl
+            steps.compute_gradients, model, label_smoothing=smoothing, **loss
         ),
         apply_step=functools.partial(
             steps.apply_gradients, optimizer, learning_rate_fn=learning_rate
         ),
-        eval_step=functools.partial(steps.eval_step, model, smoothing),
+        eval_step=functools.partial(steps.eval_step, model, smoothing, word_classes=word_classes),
         create_state=functools.partial(steps.create_train_state, model, optimizer),
     )
 
@@ -175,17 +180,26 @@ def _jit_steps(
     )
 
 
-def build_program(experiment: Experiment, mesh: Mesh) -> TrainProgram:
+def build_program(
+    experiment: Experiment, mesh: Mesh, word_classes: WordClasses | None = None
+) -> TrainProgram:
     """The experiment's training program on `mesh`: steps jitted with explicit shardings
     (the state's from the logical rules, batches split over data × fsdp, metrics
-    replicated), so a parallelism change is a mesh change."""
+    replicated), so a parallelism change is a mesh change. `word_classes`: the run's
+    vocabulary classes, which train.word_leaves_as_one_class needs (and only it uses)."""
+    if experiment.train.word_leaves_as_one_class and word_classes is None:
+        raise ConfigError(
+            "train.word_leaves_as_one_class needs the run's vocabulary classes "
+            "(WordClasses, train/loss.py): build the program as the trainer does"
+        )
+    word_classes = word_classes if experiment.train.word_leaves_as_one_class else None
     model = Transformer(experiment.model)
     train = experiment.train
     d_model, num_steps = experiment.model.d_model, train.num_steps
     optimizer = make_optimizer(experiment.optim, d_model, num_steps)
     learning_rate = learning_rate_schedule(experiment.optim, d_model, num_steps)
     abstract = _abstract(model, optimizer, train.seed, mesh)
-    plain = _plain_steps(experiment, model, optimizer, learning_rate)
+    plain = _plain_steps(experiment, model, optimizer, learning_rate, word_classes)
     options = compiler_options(train.xla_backend_optimization_level)
     jitted = _jit_steps(plain, abstract, mesh, experiment.data.packed, options)
     return TrainProgram(

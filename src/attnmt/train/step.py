@@ -12,7 +12,7 @@ import optax
 
 from attnmt.common import packing_arguments
 from attnmt.model.transformer import Transformer
-from attnmt.train.loss import loss_sums
+from attnmt.train.loss import WordClasses, loss_sums
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -76,11 +76,13 @@ def compute_gradients(
     rng: jax.Array,
     label_smoothing: float,
     rng_impl: RngImpl = "threefry",
+    word_classes: WordClasses | None = None,
 ) -> tuple[Any, Metrics]:
     """Gradients of the loss SUMMED over the batch's real target tokens, plus the sums.
 
     Summing (not averaging) lets micro-batches of different sizes be accumulated exactly;
     `apply_gradients` divides by the total token count (§5.4 per-token normalisation).
+    `word_classes`: the loss over copied words as one class (train/loss.py).
     """
     rng = dropout_key(rng, rng_impl)
 
@@ -93,7 +95,7 @@ def compute_gradients(
             rngs={"dropout": rng},
             **packing_arguments(batch),
         )
-        sums = loss_sums(logits, batch["tgt_tokens"], label_smoothing)
+        sums = loss_sums(logits, batch["tgt_tokens"], label_smoothing, word_classes)
         return sums["loss"], sums
 
     grads, sums = jax.grad(summed_loss, has_aux=True)(params)
@@ -154,16 +156,27 @@ def train_step(
     state: TrainState,
     batch: Batch,
     rng_impl: RngImpl = "threefry",
+    word_classes: WordClasses | None = None,
 ) -> tuple[TrainState, Metrics]:
     """One update from one batch (no accumulation): gradients and update fused in one jit."""
     rng = jax.random.fold_in(state.dropout_rng, state.step)
-    grads, sums = compute_gradients(model, state.params, batch, rng, label_smoothing, rng_impl)
+    grads, sums = compute_gradients(
+        model, state.params, batch, rng, label_smoothing, rng_impl, word_classes
+    )
     return apply_gradients(optimizer, state, grads, sums, learning_rate_fn)
 
 
-def eval_step(model: Transformer, label_smoothing: float, params: Any, batch: Batch) -> Metrics:
-    """Summed loss statistics of one batch without dropout; sum over batches, then summarize."""
+def eval_step(
+    model: Transformer,
+    label_smoothing: float,
+    params: Any,
+    batch: Batch,
+    word_classes: WordClasses | None = None,
+) -> Metrics:
+    """Summed loss statistics of one batch without dropout; sum over batches, then summarize.
+    With `word_classes`, training's loss over copied words as one class, so the validation
+    nll measures what a copying tree grammar's decoding scores."""
     logits = model.apply(
         {"params": params}, batch["src_tokens"], batch["tgt_tokens"], **packing_arguments(batch)
     )
-    return loss_sums(logits, batch["tgt_tokens"], label_smoothing)
+    return loss_sums(logits, batch["tgt_tokens"], label_smoothing, word_classes)
