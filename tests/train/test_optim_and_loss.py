@@ -126,7 +126,7 @@ def test_cooldown_longer_than_the_run_is_a_config_error():
     from attnmt.config.experiment import Experiment
     from attnmt.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="optim.cooldown_steps=50 .*train.num_steps=20"):
+    with pytest.raises(ConfigError, match=r"optim\.cooldown_steps=50 .*train\.num_steps=20"):
         Experiment.from_mapping({"optim": {"cooldown_steps": 50}, "train": {"num_steps": 20}})
-    with pytest.raises(ConfigError, match="optim.cooldown_steps must be ≥ 0"):
+    with pytest.raises(ConfigError, match=r"optim\.cooldown_steps must be ≥ 0"):
         OptimConfig(cooldown_steps=-1)
