@@ -10,8 +10,8 @@ process i writes there at exit (a SIGTERM'd run included):
   process's rows of the batch and their real target tokens), `position` (the data
   iterator's state at the end), `step`, `written` (every file this process opened for
   writing under the workdir, from Python's audit hook: config.json, event files, vocab)
-  and, with ATTNMT_PROBE_COMBINE=1, `combined` (any_process / sum_over_processes of
-  process-dependent values, computed before the first update).
+  and, with ATTNMT_PROBE_COMBINE=1, `combined` (any_process / sum_over_processes /
+  any_and_mean of process-dependent values, computed before the first update).
 
 ATTNMT_PROBE_CLOCK=1 replaces the clock that checkpoint and stop decisions read: process
 i's advances 1 + 2i seconds per reading, so two processes' clocks disagree.
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     _cache_compiles_of_every_process()
     from attnmt.checkpoint.manager import CheckpointManager
     from attnmt.cli.main import main as attnmt_main
-    from attnmt.parallel.agreement import any_process, sum_over_processes
+    from attnmt.parallel.agreement import any_and_mean, any_process, sum_over_processes
     from attnmt.train import loop, prefetch, stopping
 
     process = int(os.environ.get("ATTNMT_PROCESS_ID", "0"))
@@ -168,6 +168,10 @@ def main(argv: list[str]) -> int:
             record["combined"] = {
                 "any": any_process([process == 1, False, True]).tolist(),
                 "sum": sum_over_processes([process + 1.0, 0.25 * process]).tolist(),
+                "any_and_mean": [
+                    part.tolist()
+                    for part in any_and_mean([process == 0, False], [process + 1.0, 2.0 * process])
+                ],
             }
         try:
             return real_run(self)

@@ -21,7 +21,7 @@ import pytest
 
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.parallel import ParallelConfig
-from attnmt.parallel.agreement import any_process, sum_over_processes
+from attnmt.parallel.agreement import any_and_mean, any_process, sum_over_processes
 from attnmt.parallel.mesh import make_mesh
 from attnmt.train.program import abstract_state
 from attnmt.workdir import load_run
@@ -160,12 +160,20 @@ def test_processes_agree_on_time_and_signals_and_resume_bit_exactly(
 def test_processes_combine_flags_and_sums(two_process_reference):
     # Each process of the reference computed these before its first update
     # (tests/parallel/probe.py, ATTNMT_PROBE_COMBINE): process p proposed [p == 1, False,
-    # True] and [p + 1, p / 4].
+    # True] and [p + 1, p / 4]; and, in one gather, flags [p == 0, False] with values
+    # [p + 1, 2p], whose means are [1.5, 1.0].
     for probe in two_process_reference.probes:
-        assert probe.combined == {"any": [True, False, True], "sum": [3.0, 0.25]}
+        assert probe.combined == {
+            "any": [True, False, True],
+            "sum": [3.0, 0.25],
+            "any_and_mean": [[True, False], [1.5, 1.0]],
+        }
 
 
 def test_one_process_combines_nothing():
     flags = np.array([True, False, True])
     np.testing.assert_array_equal(any_process(flags), flags)
+    both = any_and_mean(flags, [0.5, 2.0])
+    np.testing.assert_array_equal(both[0], flags)
+    np.testing.assert_array_equal(both[1], [0.5, 2.0])
     np.testing.assert_array_equal(sum_over_processes([1.5, 2.0]), [1.5, 2.0])

@@ -179,7 +179,11 @@ def test_a_peers_early_stop_stops_every_process_with_the_same_reason(monkeypatch
     assert alone == Decision(early_stop_reason(train), False)
     # A second process whose patience ran out: the gathered flags are OR-ed.
     peer = np.array([False, False, False, True])
-    monkeypatch.setattr(stopping, "any_process", lambda flags: np.asarray(flags) | peer)
+    monkeypatch.setattr(
+        stopping,
+        "any_and_mean",
+        lambda flags, values: (np.asarray(flags) | peer, np.asarray(values, float)),
+    )
     assert decisions.at(10, early_stop=False) == alone
     assert decisions.at(100, early_stop=True).stop == "finished"  # the last step: finished
 

@@ -35,6 +35,19 @@ def sum_over_processes(values: np.ndarray) -> np.ndarray:
     return _gathered(values.astype(np.float32)).astype(np.float64).sum(axis=0)
 
 
+def any_and_mean(flags: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`any_process(flags)` and `mean_over_processes(values)` in one all-gather: where a
+    decision needs both, one round trip instead of two."""
+    flags, values = np.asarray(flags, bool), np.asarray(values, np.float64)
+    if jax.process_count() == 1:
+        return flags, values
+    # float32 on the wire: exact for the 0/1 flags, 7 digits for the values.
+    both = np.concatenate([flags.astype(np.float32), values.astype(np.float32)])
+    gathered = _gathered(both)
+    n = flags.size
+    return gathered[:, :n].any(axis=0), gathered[:, n:].astype(np.float64).mean(axis=0)
+
+
 def mean_over_processes(values: np.ndarray) -> np.ndarray:
     """Element-wise mean of `values` (float[n]) over all processes: the same on each."""
     return sum_over_processes(values) / jax.process_count()

@@ -30,7 +30,7 @@ import numpy as np
 
 from attnmt.checkpoint.manager import BEST_MODES
 from attnmt.config.train import TrainConfig
-from attnmt.parallel.agreement import any_process, mean_over_processes
+from attnmt.parallel.agreement import any_and_mean
 
 SIGTERM_REASON = "SIGTERM received"
 # When updates are slow, agree about this often (seconds) rather than every
@@ -172,8 +172,10 @@ class StepDecisions:
         if step >= train.num_steps:  # the same step on every process: nothing to share
             return Decision("finished", False)
         proposal = self._proposal(now, early_stop)
-        sigterm, out_of_time, checkpoint, patience_out = (bool(x) for x in any_process(proposal))
-        self._schedule(step, now)
+        # The flags and the time per update travel in one all-gather.
+        flags, (seconds,) = any_and_mean(proposal, [self._seconds_per_update(step, now)])
+        sigterm, out_of_time, checkpoint, patience_out = (bool(x) for x in flags)
+        self._schedule(step, now, float(seconds))
         if sigterm:
             self._signal.requested = True  # this process stops for a peer's signal too
             return Decision(SIGTERM_REASON, False)
@@ -197,15 +199,22 @@ class StepDecisions:
             ]
         )
 
-    def _schedule(self, step: int, now: float) -> None:
-        """Sets the next agreement step from the agreed (mean over processes) time per
-        update since the last agreement: every train.agree_every_steps updates, fewer when
-        that would take longer than AGREE_WITHIN_SECONDS."""
+    def _seconds_per_update(self, step: int, now: float) -> float:
+        """This process's time per update since the last agreement; 0 when none was timed
+        (the first agreement, whose updates also compile): the same case on every process,
+        as agreements fall on the same steps everywhere."""
+        last = self._agreed
+        if last is None or step <= last[0]:
+            return 0.0
+        return (now - last[1]) / (step - last[0])
+
+    def _schedule(self, step: int, now: float, seconds: float) -> None:
+        """Sets the next agreement step from `seconds`, the agreed (mean over processes)
+        time per update since the last agreement: every train.agree_every_steps updates,
+        fewer when that would take longer than AGREE_WITHIN_SECONDS."""
         every, last = self._train.agree_every_steps, self._agreed
         interval = 1  # no update timed yet (the first ones also compile)
         if last is not None and step > last[0]:
-            local = (now - last[1]) / (step - last[0])
-            seconds = float(mean_over_processes([local])[0])
             interval = every if seconds <= 0 else int(AGREE_WITHIN_SECONDS // seconds)
             interval = min(max(interval, 1), every)
         if last is None or step > last[0]:
