@@ -36,8 +36,9 @@ def sum_over_processes(values: np.ndarray) -> np.ndarray:
 
 
 def any_and_mean(flags: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`any_process(flags)` and `mean_over_processes(values)` in one all-gather: where a
-    decision needs both, one round trip instead of two."""
+    """`any_process(flags)` and the element-wise mean of `values` (float[n]) over all
+    processes, the same on each, in one all-gather: one round trip where a decision needs
+    both."""
     flags, values = np.asarray(flags, bool), np.asarray(values, np.float64)
     if jax.process_count() == 1:
         return flags, values
@@ -46,8 +47,3 @@ def any_and_mean(flags: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     gathered = _gathered(both)
     n = flags.size
     return gathered[:, :n].any(axis=0), gathered[:, n:].astype(np.float64).mean(axis=0)
-
-
-def mean_over_processes(values: np.ndarray) -> np.ndarray:
-    """Element-wise mean of `values` (float[n]) over all processes: the same on each."""
-    return sum_over_processes(values) / jax.process_count()
