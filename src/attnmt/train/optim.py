@@ -58,7 +58,13 @@ def make_optimizer(
     config: OptimConfig, d_model: int, num_steps: int = 0
 ) -> optax.GradientTransformation:
     """`num_steps` (train.num_steps) is needed only with `optim.cooldown_steps`."""
-    schedule = learning_rate_schedule(config, d_model, num_steps)
+    return optimizer_with_schedule(config, learning_rate_schedule(config, d_model, num_steps))
+
+
+def optimizer_with_schedule(
+    config: OptimConfig, schedule: optax.Schedule
+) -> optax.GradientTransformation:
+    """Adam (or SGD) at `schedule`'s rate, after `optim.max_grad_norm` clipping."""
     if config.algorithm == "sgd":
         update = optax.sgd(schedule)
     else:

@@ -33,7 +33,7 @@ from attnmt.parallel.sharding import (
 )
 from attnmt.train import step as steps
 from attnmt.train.loss import WordClasses
-from attnmt.train.optim import learning_rate_schedule, make_optimizer
+from attnmt.train.optim import learning_rate_schedule, make_optimizer, optimizer_with_schedule
 
 Batch = dict[str, Any]
 
@@ -196,8 +196,8 @@ def build_program(
     model = Transformer(experiment.model)
     train = experiment.train
     d_model, num_steps = experiment.model.d_model, train.num_steps
-    optimizer = make_optimizer(experiment.optim, d_model, num_steps)
     learning_rate = learning_rate_schedule(experiment.optim, d_model, num_steps)
+    optimizer = optimizer_with_schedule(experiment.optim, learning_rate)
     abstract = _abstract(model, optimizer, train.seed, mesh)
     plain = _plain_steps(experiment, model, optimizer, learning_rate, word_classes)
     options = compiler_options(train.xla_backend_optimization_level)
