@@ -256,3 +256,16 @@ def test_train_with_a_shared_cache_resumes_bit_exact(tmp_path, caplog):
     assert a.step == b.step == 4
     leaves = zip(*map(jax.tree_util.tree_leaves, (a.params, b.params)), strict=True)
     assert all(np.array_equal(x, y) for x, y in leaves)
+
+
+def test_a_plain_pathlib_folder_is_written_and_reused(tmp_path):
+    """bench/ passes pathlib.Path folders: the second call must find the first's cache
+    complete (pathlib's stat() has st_size where epath's has length)."""
+    folder = Path(tmp_path) / "plain"
+    first, _ = load_or_write(folder, lambda: iter(PAIRS), WideTokenizer(), 99)
+
+    def no_pairs():
+        raise AssertionError("a complete cache was tokenized again")
+
+    second, stats = load_or_write(folder, no_pairs, WideTokenizer(), 99)
+    assert stats.kept == len(second) == len(first) > 0

@@ -126,6 +126,7 @@ def load_or_write(
     complete one is there; every process of the job must call this together."""
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2 (a token and EOS), got {max_length}")
+    folder = as_path(folder)  # a pathlib.Path's stat() has no `length`: take any path
     total = None
     reused = _complete(folder) is not None
     if not reused:
@@ -157,6 +158,7 @@ def load_or_write(
 def open_cache(folder: Path, process: int = 0) -> tuple[CachedCorpus, FilterStats]:
     """A complete cache, read (DataError if `folder` holds none); `process` names its
     gather record under $ATTNMT_TOKEN_CACHE_DEBUG."""
+    folder = as_path(folder)
     manifest = _complete(folder)
     if manifest is None:
         raise DataError(
