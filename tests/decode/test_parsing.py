@@ -208,6 +208,17 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
     # deleted from it, and both sentences have punctuation ("length unmatch").
     assert evalb.run(gold_file, Path(f"{stem}.trees")).all.errors == 2
 
+    # Another α than the run's own (0.3) writes files of its own name; the default's stay.
+    before = {path.name: path.read_bytes() for path in stem.parent.iterdir()}
+    assert (
+        main(["evaluate", "--workdir", str(workdir), "--split", "dev", *decode, "--alpha", "0.9"])
+        == 0
+    )
+    after = {path.name: path.read_bytes() for path in stem.parent.iterdir()}
+    suffixes = (".trees", ".tagged.trees", ".gold.trees")
+    assert set(after) - set(before) == {f"dev-step6-beam1-alpha0.9{suffix}" for suffix in suffixes}
+    assert all(after[name] == content for name, content in before.items())
+
     # Under the tree grammar (the default) the model's raw outputs are already trees with
     # one leaf per word (the word itself, when copied), by beam search and greedily.
     run = load_run(workdir)

@@ -69,6 +69,13 @@ def score(
     return sacre, tokenized, m30k
 
 
+def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = "") -> str:
+    """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own, so that
+    an `--alpha` sweep keeps every sweep point's decodes instead of overwriting one file."""
+    alpha = "" if decode.alpha == run.experiment.decode.alpha else f"-alpha{decode.alpha:g}"
+    return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{alpha}"
+
+
 def evaluate_split(
     runs: list[LoadedRun], split: str, decode: DecodeConfig, output_dir: Path, tag: str = ""
 ) -> SplitScores:
@@ -87,10 +94,7 @@ def evaluate_split(
     hypotheses = translator.translate(sources)
     seconds = time.monotonic() - start
     sacre, tokenized, m30k = score(main.experiment, hypotheses, references)
-    path = (
-        output_dir
-        / f"{split}-step{main.step}{tag}-beam{decode.beam_size}.{main.experiment.data.tgt_lang}"
-    )
+    path = output_dir / f"{decodes_stem(split, main, decode, tag)}.{main.experiment.data.tgt_lang}"
     if writes_outputs():
         output_dir.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")

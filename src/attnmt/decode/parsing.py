@@ -14,6 +14,7 @@ one tree per line, line i for the split's i-th gold tree:
   word; with the gold tags, only the brackets are scored (the XX model predicts no tags).
 * ``{split}-step{N}-beam{B}.gold.trees``: the gold trees (preprocessed as for training).
 
+``-alpha{α}`` follows B in all three names when α is not the run's own (`--alpha`).
 ``evalb -p COLLINS.prm <...>.gold.trees <...>.tagged.trees`` gives the printed scores."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from attnmt.data.treebank import (
     to_bracketed,
     words,
 )
+from attnmt.decode.evaluation import decodes_stem
 from attnmt.decode.sharded import writes_outputs
 from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
@@ -124,7 +126,7 @@ def evaluate_parse_split(
     # every sentence has a parse, over exactly its words.
     trees = [tree for tree in parsed if tree is not None]
     tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
-    stem = f"{split}-step{run.step}-beam{decode.beam_size}"
+    stem = decodes_stem(split, run, decode)
     paths = [
         output_dir / f"{stem}{suffix}" for suffix in (".trees", ".tagged.trees", ".gold.trees")
     ]
