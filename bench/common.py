@@ -74,7 +74,16 @@ def load_experiment(name: str, overrides: Sequence[str] = ()) -> Any:
     if not Path(path).is_absolute():
         path = str(REPO_ROOT / path)
     # The library reads overrides as the CLI writes them, with its --config. prefix.
-    return load(path + sep + arg, [f"--config.{item}" for item in overrides])
+    experiment = load(path + sep + arg, [f"--config.{item}" for item in overrides])
+    if experiment.train.word_leaves_as_one_class:
+        # The benchmarks build their steps without the vocabulary's word classes: they would
+        # time (and count FLOPs of) another loss than the one the config trains.
+        raise SystemExit(
+            f"{spec}: train.word_leaves_as_one_class=True is not what the benchmarks build "
+            "(their steps use the plain loss); drop it with "
+            "--override train.word_leaves_as_one_class=False"
+        )
+    return experiment
 
 
 def default_multi30k_dir() -> str | None:
