@@ -208,24 +208,34 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
     # deleted from it, and both sentences have punctuation ("length unmatch").
     assert evalb.run(gold_file, Path(f"{stem}.trees")).all.errors == 2
 
-    # Another α than the run's own (0.3) writes files of its own name; the default's stay.
+    # Another α than the run's own (0.3), or unsmoothed scores, write files of their own
+    # names; the default's stay.
     before = {path.name: path.read_bytes() for path in stem.parent.iterdir()}
-    assert (
-        main(["evaluate", "--workdir", str(workdir), "--split", "dev", *decode, "--alpha", "0.9"])
-        == 0
-    )
+    evaluate = ["evaluate", "--workdir", str(workdir), "--split", "dev", *decode]
+    assert main([*evaluate, "--alpha", "0.9"]) == 0
+    assert main([*evaluate, "--config.decode.unsmooth_words=true"]) == 0
     after = {path.name: path.read_bytes() for path in stem.parent.iterdir()}
     suffixes = (".trees", ".tagged.trees", ".gold.trees")
-    assert set(after) - set(before) == {f"dev-step6-beam1-alpha0.9{suffix}" for suffix in suffixes}
+    assert set(after) - set(before) == {
+        f"dev-step6-beam1{variant}{suffix}"
+        for variant in ("-alpha0.9", "-unsmoothed")
+        for suffix in suffixes
+    }
     assert all(after[name] == content for name, content in before.items())
 
     # Under the tree grammar (the default) the model's raw outputs are already trees with
     # one leaf per word (the word itself, when copied), by beam search and greedily.
     run = load_run(workdir)
     sentences = [" ".join(words(tree)) for tree in gold]
-    for beam in (1, 3):
+    for beam, unsmooth in ((1, False), (3, False), (3, True)):
         translator = parsing_translator(
-            run, DecodeConfig(beam_size=beam, max_len_offset=20, xla_backend_optimization_level=0)
+            run,
+            DecodeConfig(
+                beam_size=beam,
+                max_len_offset=20,
+                xla_backend_optimization_level=0,
+                unsmooth_words=unsmooth,
+            ),
         )
         for sentence, output in zip(sentences, translator.translate(sentences), strict=True):
             tokens = tuple(output.split())

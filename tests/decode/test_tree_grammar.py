@@ -293,3 +293,57 @@ def test_a_copying_grammar_scores_a_word_as_the_chance_of_any_word():
             assert np.isfinite(got).sum() == 1
         else:  # between words: "(NP" may open, keeping the model's own score
             np.testing.assert_allclose(got[7], row[7], rtol=1e-5, atol=1e-6)
+
+
+def _constrain_first_word(grammar: TreeGrammar, log_probs: np.ndarray) -> np.ndarray:
+    """grammar.constrain after "(S", where the word "▁b c" (pieces 9, 11) begins next."""
+    prefixes = np.full((1, 1, 8), PAD_ID, np.int32)
+    prefixes[0, 0, 0] = 5
+    pieces = np.asarray([[9, 11, 4, -1]], np.int32)
+    starts = np.asarray([[True, False, True, False]])
+    got = grammar.constrain(
+        jnp.asarray(prefixes),
+        jnp.asarray(1),
+        jnp.asarray(log_probs[None, None], jnp.float32),
+        jnp.asarray([2]),
+        jnp.asarray([8]),
+        (jnp.asarray(pieces), jnp.asarray(starts)),
+    )
+    return np.asarray(got, np.float64)[0, 0]
+
+
+def test_unsmoothing_inverts_the_smoothed_target_before_the_word_sum():
+    """Against float64 NumPy: with ε the scores are those of (p - ε/K) / (1 - ε), floored at
+    e^-60, the forced piece the sum over the leaf pieces; a search's -inf stays -inf."""
+    epsilon = 0.3
+    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, True, label_smoothing=epsilon)
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=VOCAB) * 2.0
+    log_probs = logits - np.log(np.sum(np.exp(logits)))
+    log_probs[3] = -np.inf  # a leaf piece the search itself ruled out
+    got = _constrain_first_word(grammar, log_probs)
+    data = (np.exp(log_probs) - epsilon / VOCAB) / (1 - epsilon)
+    leaf_ids = [i for i in range(VOCAB) if i not in BRACKETS and i not in (PAD_ID, 1, BOS_ID)]
+    expected_word = np.log(np.sum(np.maximum(data[[i for i in leaf_ids if i != 3]], np.exp(-60))))
+    np.testing.assert_allclose(got[9], expected_word, rtol=1e-5, atol=1e-5)
+    for bracket in (7, 10):  # "(NP", "(VP" may open here
+        expected = np.log(max(data[bracket], np.exp(-60)))
+        np.testing.assert_allclose(got[bracket], expected, rtol=1e-5, atol=1e-4)
+    assert np.all(np.isneginf(got[[i for i in leaf_ids if i != 9]]))
+
+
+def test_unsmoothing_lets_a_bracket_win_where_the_smoothing_floor_favoured_the_word():
+    """A model fit to the smoothed target of data "(NP" 0.5 / the next word 0.45 / "(VP"
+    0.05: summed over the four leaf pieces, the floors ε/K make the word the likelier
+    move (0.415 against 0.375); taken back out, the bracket is (0.5 against 0.45)."""
+    epsilon = 0.3
+    data = np.zeros(VOCAB)
+    data[7], data[9], data[10] = 0.5, 0.45, 0.05
+    log_probs = np.log((1 - epsilon) * data + epsilon / VOCAB)
+    smoothed = _constrain_first_word(TreeGrammar.from_symbols(BRACKETS, VOCAB, True), log_probs)
+    assert smoothed[9] > smoothed[7]
+    np.testing.assert_allclose(np.exp(smoothed[[9, 7]]), [0.415, 0.375], rtol=1e-5)
+    grammar = TreeGrammar.from_symbols(BRACKETS, VOCAB, True, label_smoothing=epsilon)
+    unsmoothed = _constrain_first_word(grammar, log_probs)
+    assert unsmoothed[7] > unsmoothed[9]
+    np.testing.assert_allclose(np.exp(unsmoothed[[7, 9, 10]]), [0.5, 0.45, 0.05], rtol=1e-5)

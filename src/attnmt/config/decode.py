@@ -39,6 +39,12 @@ class DecodeConfig:
     # Parsing runs: greedy and beam search may only write well-formed trees with one leaf
     # per input word (attnmt.decode.tree_grammar); false leaves it all to the repair.
     tree_grammar: bool = True
+    # Parsing runs with the words as leaves: score under the copying grammar with the
+    # label smoothing taken back out of the model's probabilities, p ↦ (p - ε/K) / (1 - ε)
+    # (train.label_smoothing ε over K pieces, the target the model was fit to). Summed over
+    # every word piece, the smoothing alone gives "a word here" about ε of probability at
+    # every position, brackets included (attnmt.decode.tree_grammar.TreeGrammar.constrain).
+    unsmooth_words: bool = False
     # The model's compute dtype while decoding (translate, evaluate, BLEU during training):
     # "" = model.dtype as trained; "bfloat16" decodes a float32-trained run in bf16
     # (parameters are stored float32 either way).

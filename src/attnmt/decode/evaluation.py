@@ -70,9 +70,13 @@ def score(
 
 
 def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = "") -> str:
-    """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own, so that
-    an `--alpha` sweep keeps every sweep point's decodes instead of overwriting one file."""
-    alpha = "" if decode.alpha == run.experiment.decode.alpha else f"-alpha{decode.alpha:g}"
+    """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own (and
+    `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
+    every sweep point's decodes instead of overwriting one file."""
+    own = run.experiment.decode
+    alpha = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
+    if decode.unsmooth_words != own.unsmooth_words:
+        alpha += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
     return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{alpha}"
 
 

@@ -14,7 +14,8 @@ one tree per line, line i for the split's i-th gold tree:
   word; with the gold tags, only the brackets are scored (the XX model predicts no tags).
 * ``{split}-step{N}-beam{B}.gold.trees``: the gold trees (preprocessed as for training).
 
-``-alpha{α}`` follows B in all three names when α is not the run's own (`--alpha`).
+``-alpha{α}`` follows B in all three names when α is not the run's own (`--alpha`), then
+``-unsmoothed`` (or ``-smoothed``) when decode.unsmooth_words is not.
 ``evalb -p COLLINS.prm <...>.gold.trees <...>.tagged.trees`` gives the printed scores."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def parsing_translator(run: LoadedRun, decode: DecodeConfig) -> Translator:
             run.tokenizer.whole_words(),
             run.experiment.model.vocab_size,
             copy_words=run.experiment.data.treebank_leaves == "words",
+            label_smoothing=run.experiment.train.label_smoothing if decode.unsmooth_words else 0.0,
         )
     return Translator.from_runs([run], decode, grammar=grammar)
 

@@ -85,15 +85,21 @@ def _allowed_moves(
 class TreeGrammar:
     """Per-vocabulary-id tables: each id's class, and for an opening bracket the id of
     the closing bracket with its label (-1: none in the vocabulary); ``copy_words``: the
-    leaves are the input's words, piece by piece."""
+    leaves are the input's words, piece by piece; ``label_smoothing``: the ε a copying
+    grammar takes back out of the model's probabilities before it scores (0: none)."""
 
     token_class: np.ndarray  # int32 [vocab]
     closing_id: np.ndarray  # int32 [vocab]
     copy_words: bool = False
+    label_smoothing: float = 0.0
 
     @classmethod
     def from_symbols(
-        cls, symbols: dict[int, str], vocab_size: int, copy_words: bool = False
+        cls,
+        symbols: dict[int, str],
+        vocab_size: int,
+        copy_words: bool = False,
+        label_smoothing: float = 0.0,
     ) -> TreeGrammar | None:
         """From a vocabulary's whole-word pieces (id → token); None without brackets (a
         vocabulary trained before tree tokens were kept whole). With ``copy_words`` every
@@ -112,7 +118,7 @@ class TreeGrammar:
                 token_class[i] = LEAF
         if not (token_class == OPEN).any() or not (token_class == LEAF).any():
             return None
-        return cls(token_class, closing_id, copy_words)
+        return cls(token_class, closing_id, copy_words, label_smoothing)
 
     def banned(
         self,
@@ -206,8 +212,17 @@ class TreeGrammar:
         rest of a word's pieces as certain: the search then weighs brackets against words,
         and a model not yet sure which word comes next still places its brackets by
         structure, not by how well it would have spelled the forced word.
+
+        With ``label_smoothing`` ε > 0 the probabilities are first mapped back to the data's
+        (p - ε/K) / (1 - ε), the inverse of the smoothed target (1 - ε)·onehot + ε/K the
+        model was fit to: a model fit to it puts ε/K on every piece, so the sum over the
+        word pieces alone gives "a word" about ε at every position, where a bracket is due
+        too. What the inverse leaves at or under 0 becomes e^-60 (not -inf: a forced word
+        must stay writable).
         """
         banned = self.banned(prefixes, step, words, row_max, copy)
+        if self.copy_words and self.label_smoothing > 0:
+            log_probs = _unsmoothed(log_probs, self.label_smoothing)
         if self.copy_words:
             is_leaf = jnp.asarray(self.token_class == LEAF)
             leaves = jnp.sum(is_leaf[prefixes] & (jnp.arange(prefixes.shape[-1]) < step), -1)
@@ -219,3 +234,14 @@ class TreeGrammar:
             rescore = is_next & is_leaf & (log_probs > -jnp.inf)
             log_probs = jnp.where(rescore, copied[..., None], log_probs)
         return jnp.where(banned, -jnp.inf, log_probs)
+
+
+def _unsmoothed(log_probs: jax.Array, label_smoothing: float) -> jax.Array:
+    """log((p - ε/K) / (1 - ε)) per piece, at least -60; -inf (a search's own ban) kept."""
+    floor = label_smoothing / log_probs.shape[-1]
+    data = (jnp.exp(log_probs) - floor) / (1.0 - label_smoothing)
+    unsmoothed = jnp.log(jnp.maximum(data, _SMALLEST))
+    return jnp.where(log_probs > -jnp.inf, unsmoothed, log_probs)
+
+
+_SMALLEST = float(np.exp(-60.0))
