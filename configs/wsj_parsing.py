@@ -85,8 +85,8 @@ def _sample(config):
     model.vocab_size = 2000
     # Narrower (session 16, docs/REPRODUCING.md "The narrower parser for the hour"): d_model
     # 192, d_ff 384, d_k = d_v = 48 gave 54.88 against 51.35 at 30 minutes side by side
-    # (session 15), and 59.02 after 60 minutes on one core (3,018 updates, AMD EPYC,
-    # 2026-12-03; dev nll 0.655 at 3,000) against session 14's 58.17 with d_model 256.
+    # (session 15), and 59.02 after 60 minutes on one core (3,018 updates, AVX2-only AMD
+    # EPYC, 2026-12-03; dev nll 0.655 at 3,000) against session 14's 58.17 with d_model 256.
     model.d_model, model.d_ff, model.num_heads = 192, 384, 4
     model.d_k = model.d_v = 48
     model.num_layers = 4

@@ -209,8 +209,11 @@ def test_stream_writes_k_lines_per_input_in_order(nbest_translators):
         want = expected[number - 1][rank - 1]
         assert hypothesis.text == want.text
         if not math.isnan(want.score):
-            assert np.float32(hypothesis.score) == np.float32(want.score)
-            assert np.float32(hypothesis.log_prob) == np.float32(want.log_prob)
+            # The stream's batches of 2 lines compile other shapes than one batch of all 5,
+            # whose float32 sums may round differently: a few ulp of the score (1 ulp on
+            # an AVX2-only AMD EPYC; equal on AVX-512 CPUs). rel 1e-5 is ≈ 80 ulp.
+            assert hypothesis.score == pytest.approx(want.score, rel=1e-5)
+            assert hypothesis.log_prob == pytest.approx(want.log_prob, rel=1e-5)
 
 
 def test_translator_refuses_more_hypotheses_than_the_beam(tokenizer_and_model):
