@@ -74,10 +74,10 @@ def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = ""
     `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
     every sweep point's decodes instead of overwriting one file."""
     own = run.experiment.decode
-    alpha = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
+    variant = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
     if decode.unsmooth_words != own.unsmooth_words:
-        alpha += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
-    return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{alpha}"
+        variant += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
+    return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{variant}"
 
 
 def evaluate_split(

@@ -221,9 +221,9 @@ class TreeGrammar:
         must stay writable).
         """
         banned = self.banned(prefixes, step, words, row_max, copy)
-        if self.copy_words and self.label_smoothing > 0:
-            log_probs = _unsmoothed(log_probs, self.label_smoothing)
         if self.copy_words:
+            if self.label_smoothing > 0:
+                log_probs = _unsmoothed(log_probs, self.label_smoothing)
             is_leaf = jnp.asarray(self.token_class == LEAF)
             leaves = jnp.sum(is_leaf[prefixes] & (jnp.arange(prefixes.shape[-1]) < step), -1)
             _, next_piece, in_word = self._copy_position(leaves, copy)
