@@ -17,6 +17,7 @@ from attnmt.config.train import OptimConfig
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
 from attnmt.parallel.mesh import make_mesh, mesh_shape
 from attnmt.parallel.sharding import bytes_per_device, put_batch
+from attnmt.train.optim import find_ema_params
 from attnmt.train.program import build_program
 from tests.equivalence import assert_same_losses, assert_same_updates
 from tests.helpers import tiny_model
@@ -55,11 +56,13 @@ def _packed_batches(count=STEPS, rows=16, length=PACK_LENGTH):
     return [next(iterator) for _ in range(count)]
 
 
-def _program(parallel: ParallelConfig, devices, algorithm: str = "sgd", packed: bool = False):
+def _program(
+    parallel: ParallelConfig, devices, algorithm: str = "sgd", packed: bool = False, ema: float = 0
+):
     experiment = dataclasses.replace(
         Experiment.from_mapping({}),
         model=CONFIG,
-        optim=OptimConfig(algorithm=algorithm, warmup_steps=4),
+        optim=OptimConfig(algorithm=algorithm, warmup_steps=4, ema_decay=ema),
     )
     if packed:
         data = DataConfig(max_length=PACK_LENGTH, pack_length=PACK_LENGTH)
@@ -132,6 +135,20 @@ def test_fsdp_holds_an_eighth_of_the_state_per_device():
     ratio = max(fsdp_bytes.values()) / max(replicated_bytes.values())
     # Every matrix has an embed axis split 8 ways; only small bias vectors over mlp stay whole.
     assert 1 / 8 <= ratio < 0.15, ratio
+
+
+@pytest.mark.parametrize(
+    "parallel", [ParallelConfig(data=1, fsdp=8), ParallelConfig(data=2, fsdp=2, tensor=2)]
+)
+def test_the_moving_average_is_sharded_as_the_parameters(parallel):
+    program = _program(parallel, jax.devices()[:8], algorithm="adam", ema=0.99)
+    state = program.init_state()
+    state, _ = program.train_step(state, put_batch(_batches(1)[0], program.mesh))
+    average = find_ema_params(state.opt_state)
+    leaves = jax.tree_util.tree_leaves
+    for param, mean in zip(leaves(state.params), leaves(average), strict=True):
+        assert mean.sharding.is_equivalent_to(param.sharding, param.ndim), (param.shape,)
+        assert mean.shape == param.shape
 
 
 def test_mesh_sizes_resolve_and_refuse_bad_products():

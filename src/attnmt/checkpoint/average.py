@@ -5,6 +5,9 @@ them: the improvements leading up to the best), which leaves out the worse steps
 validation curve turns. Only the parameters are averaged; everything else (optimizer state,
 step, RNG, data position, config) comes from the newest averaged checkpoint, so the result
 is an ordinary workdir that every command reads, and training could even resume from it.
+
+`ema_checkpoint` writes the same kind of workdir from one checkpoint's moving average of the
+parameters (optim.ema_decay keeps it in the optimizer state).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import orbax.checkpoint as ocp
 from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir, partial_reader
 from attnmt.errors import CheckpointError
 from attnmt.storage import Path, as_path, copy_file
+from attnmt.train.optim import find_ema_params
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +166,55 @@ def average_checkpoints(
         state = state.replace(params=jax.tree_util.tree_map_with_path(mean_like, state.params))
 
     _write(output, steps[-1], state, data_state, config)
+    _copy_workdir_files(workdir, output)
+    log.info("averaged steps %s of %s into %s", list(steps), where, checkpoint_dir(output))
+    return AverageResult(output_dir=output, steps=steps, step=steps[-1])
+
+
+def ema_checkpoint(
+    workdir: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    abstract_state: Any | None = None,
+    overwrite: bool = False,
+) -> AverageResult:
+    """Writes a workdir whose one checkpoint is the newest step with its parameters
+    replaced by their moving average (optim.ema_decay). Default output: <workdir>/ema."""
+    workdir = as_path(workdir, "--workdir")
+    where = checkpoint_dir(workdir)
+    output = _checked_output(workdir, where, 1, "ema", output_dir, overwrite)
+    reader = partial_reader(where)
+    try:
+        step = _last_steps(reader, where, 1)[-1]
+        metadata = _state_metadata(reader, where, step)
+        state, data_state, config = _restore_newest(reader, workdir, step, metadata, abstract_state)
+    finally:
+        reader.close()
+    is_dict = isinstance(state, dict)
+    average = find_ema_params(state["opt_state"] if is_dict else state.opt_state)
+    if average is None:
+        raise CheckpointError(
+            f"{where}/{step} holds no moving average of the parameters: train with "
+            "optim.ema_decay > 0 (e.g. --config.optim.ema_decay=0.999) to keep one"
+        )
+    params = state["params"] if is_dict else state.params
+
+    def like(leaf: Any, mean: Any) -> Any:
+        if isinstance(leaf, jax.Array):
+            return jax.device_put(mean.astype(leaf.dtype), leaf.sharding)
+        return np.asarray(mean, dtype=leaf.dtype)
+
+    params = jax.tree_util.tree_map(like, params, average)
+    state = {**state, "params": params} if is_dict else state.replace(params=params)
+    _write(output, step, state, data_state, config)
+    _copy_workdir_files(workdir, output)
+    log.info("wrote the moving average of %s/%d into %s", where, step, checkpoint_dir(output))
+    return AverageResult(output_dir=output, steps=(step,), step=step)
+
+
+def _copy_workdir_files(workdir: Path, output: Path) -> None:
     for name in WORKDIR_FILES:
         if (workdir / name).is_file():
             copy_file(workdir / name, output / name)
-    log.info("averaged steps %s of %s into %s", list(steps), where, checkpoint_dir(output))
-    return AverageResult(output_dir=output, steps=steps, step=steps[-1])
 
 
 def _last_steps(reader: ocp.CheckpointManager, where: str, last: int) -> tuple[int, ...]:

@@ -89,6 +89,11 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     averaged.add_argument(
         "--average-best", type=int, default=0, help="average the N best first (attnmt average)"
     )
+    averaged.add_argument(
+        "--ema",
+        action="store_true",
+        help="decode the newest checkpoint's moving average of the parameters (optim.ema_decay)",
+    )
     parser.add_argument(
         "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
     )
@@ -138,14 +143,32 @@ def decode_config(run: Any, args: argparse.Namespace, overrides: Overrides) -> D
     return from_mapping(DecodeConfig, values, "decode")
 
 
+def decoded_tag(args: argparse.Namespace) -> str:
+    """What the decodes of `--workdir` are of when its step alone does not say: "-avg5",
+    "-avgbest3", "-ema", "-ensemble" (their files and metric series get it)."""
+    tag = f"-avg{args.average_last}" if getattr(args, "average_last", 0) else ""
+    best = getattr(args, "average_best", 0)
+    tag += f"-avgbest{best}" if best else ""
+    tag += "-ema" if getattr(args, "ema", False) else ""
+    return tag + ("-ensemble" if getattr(args, "ensemble", None) else "")
+
+
 def load_runs(args: argparse.Namespace) -> list:
-    """The run of `--workdir` (averaged first with `--average-last` or `--average-best`),
-    then `--ensemble`'s."""
+    """The run of `--workdir` (averaged first with `--average-last` or `--average-best`, or
+    its moving average with `--ema`), then `--ensemble`'s."""
     from attnmt.workdir import load_run
 
     workdir = args.workdir
     last, best = getattr(args, "average_last", 0), getattr(args, "average_best", 0)
-    if last or best:
+    if getattr(args, "ema", False):
+        from attnmt.checkpoint.average import ema_checkpoint
+
+        if args.step is not None:
+            raise ConfigError("--ema decodes the newest checkpoint's average: drop --step")
+        result = ema_checkpoint(args.workdir, overwrite=True)
+        print(f"moving average of step {result.step} in {result.output_dir}", file=sys.stderr)
+        workdir = result.output_dir
+    elif last or best:
         import jax
 
         from attnmt.checkpoint.average import average_checkpoints

@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnmt.cli.arguments import Overrides, add_decode_arguments, decode_config, load_runs
+from attnmt.cli.arguments import (
+    Overrides,
+    add_decode_arguments,
+    decode_config,
+    decoded_tag,
+    load_runs,
+)
 from attnmt.errors import ConfigError, DataError
 from attnmt.storage import as_path
 
@@ -25,8 +31,9 @@ def _parsing_run(args: argparse.Namespace):
     from attnmt.decode.sharded import join_job
 
     processes = join_job()  # several processes parse together, on all their devices
-    if processes > 1 and args.average_last:
-        raise ConfigError(f"--average-last with {processes} processes: run `attnmt average` first")
+    if processes > 1 and (args.average_last or args.ema):
+        flag = "--average-last" if args.average_last else "--ema"
+        raise ConfigError(f"{flag} with {processes} processes: run `attnmt average` first")
     if processes > 1 and args.command == "parse" and not args.input:
         raise ConfigError(f"--input is needed when {processes} processes parse (each reads it)")
     if args.ensemble:
@@ -78,10 +85,11 @@ def evaluate_parsing(args: argparse.Namespace, overrides: Overrides, split: str)
     run = _parsing_run(args)
     decode = decode_config(run, args, overrides)
     workdir = as_path(args.workdir, "--workdir")
-    scores = evaluate_parse_split(run, split, decode, workdir / "decodes")
+    tag = decoded_tag(args)
+    scores = evaluate_parse_split(run, split, decode, workdir / "decodes", tag)
     if writes_outputs():
         print(scores.format())
     sink = MetricsSink(workdir, enabled=writes_outputs())
-    sink.write(f"parse_{split}", run.step, scores.scalars())
+    sink.write(f"parse_{split}{tag.replace('-', '_')}", run.step, scores.scalars())
     sink.close()
     return 0

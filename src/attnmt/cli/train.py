@@ -55,17 +55,29 @@ def run_train(args: argparse.Namespace, overrides: Overrides) -> int:
 
 def _score_test_split(workdir: str) -> None:
     """What the run achieved: its newest checkpoint's BLEU on the test split, as
-    `attnmt evaluate --split test` prints it (train.test_at_end). Every process of the job
+    `attnmt evaluate --split test` prints it (train.test_at_end), or with optim.ema_decay
+    its moving average's (`--ema`). Every process of the job
     decodes its rows of each batch; process 0 prints and writes."""
     from attnmt.decode.sharded import writes_outputs
+    from attnmt.storage import as_path
     from attnmt.workdir import load_run
 
     run = load_run(workdir)
     data = run.experiment.data
     if not data.test_split or data.source == "treebank":
         return
+    tag = ""
+    if run.experiment.optim.ema_decay > 0:  # the average is what the run is for
+        from jax.experimental import multihost_utils
+
+        from attnmt.checkpoint.average import ema_checkpoint
+
+        if writes_outputs():  # one writer; every process then loads what it wrote
+            ema_checkpoint(workdir, overwrite=True)
+        multihost_utils.sync_global_devices("attnmt moving average written")
+        run, tag = load_run(as_path(workdir, "--workdir") / "ema"), "-ema"
     try:
-        score_and_log([run], data.test_split, run.experiment.decode, workdir, "")
+        score_and_log([run], data.test_split, run.experiment.decode, workdir, tag)
     except DataError as error:  # e.g. a corpus of files with no test split
         if writes_outputs():
             print(f"no test BLEU: {error}")

@@ -13,6 +13,7 @@ from attnmt.cli.arguments import (
     Overrides,
     add_decode_arguments,
     decode_config,
+    decoded_tag,
     load_runs,
     storage_path,
 )
@@ -57,12 +58,18 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     evaluate.set_defaults(handler=run_evaluate)
 
     average = commands.add_parser(
-        "average", help="average the last K checkpoints (§6.1), or the N best"
+        "average",
+        help="average the last K checkpoints (§6.1), or the N best; or write the moving average",
     )
     average.add_argument("--workdir", required=True, type=storage_path)
     which = average.add_mutually_exclusive_group()
     which.add_argument(
         "--last", type=int, default=None, help="default 5; paper: 5 (base), 20 (big)"
+    )
+    which.add_argument(
+        "--ema",
+        action="store_true",
+        help="the newest checkpoint's moving average of the parameters (optim.ema_decay)",
     )
     which.add_argument(
         "--best",
@@ -74,7 +81,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--output",
         type=storage_path,
         default=None,
-        help="default <workdir>/average-last<K> or <workdir>/average-best<N>",
+        help="default <workdir>/average-last<K>, <workdir>/average-best<N> or <workdir>/ema",
     )
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=run_average)
@@ -88,11 +95,12 @@ def _join_job(args: argparse.Namespace) -> None:
     processes = join_job()
     if processes == 1:
         return
-    if getattr(args, "average_last", 0):
-        raise ConfigError(
-            f"--average-last with {processes} processes: run `attnmt average` first (one "
-            "process), then decode the folder it writes"
-        )
+    for flag in ("average_last", "ema"):
+        if getattr(args, flag, 0):
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} with {processes} processes: run `attnmt average` "
+                "first (one process), then decode the folder it writes"
+            )
     if args.command == "translate" and not args.input:
         raise ConfigError(
             f"--input is needed when {processes} processes translate (each reads the file)"
@@ -167,10 +175,7 @@ def run_evaluate(args: argparse.Namespace, overrides: Overrides) -> int:
         return parse.evaluate_parsing(args, overrides, split)
     # Averaged and ensembled decodes get their own file and TensorBoard series, so they do
     # not overwrite the plain checkpoint's results of the same step.
-    tag = f"-avg{args.average_last}" if args.average_last else ""
-    best = getattr(args, "average_best", 0)
-    tag += f"-avgbest{best}" if best else ""
-    tag += "-ensemble" if args.ensemble else ""
+    tag = decoded_tag(args)
     score_and_log(runs, split, decode_config(runs[0], args, overrides), args.workdir, tag)
     return 0
 
@@ -195,7 +200,13 @@ def run_average(args: argparse.Namespace, overrides: Overrides) -> int:
     from attnmt.checkpoint.average import average_checkpoints
 
     only_section("average", overrides, None)
-    # --last 5 unless --best is given (argparse keeps the two exclusive).
+    if args.ema:
+        from attnmt.checkpoint.average import ema_checkpoint
+
+        result = ema_checkpoint(args.workdir, args.output, overwrite=args.overwrite)
+        print(f"wrote the moving average of step {result.step} into {result.output_dir}")
+        return 0
+    # --last 5 unless --best or --ema is given (argparse keeps them exclusive).
     last = 5 if args.last is None and args.best is None else args.last or 0
     result = average_checkpoints(
         args.workdir, last, args.output, overwrite=args.overwrite, best=args.best or 0

@@ -160,9 +160,16 @@ class OptimConfig:
     # linearly from the paper's schedule to 0, so a short run ends on a settled model rather
     # than at the inverse-sqrt rate (a "warmup-stable-decay" ending); 0 = the paper's throughout.
     cooldown_steps: int = 0
+    # >0: keep an exponential moving average of the parameters with this decay (its ramp:
+    # train/optim.py). Validation also reports the average's loss (ema_* in the eval
+    # metrics); `attnmt evaluate --ema` and `attnmt average --ema` decode with it, and so
+    # does train.test_at_end. 0 = none (the paper averages checkpoints instead).
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, "optim")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.warmup_steps <= 0:
             raise ConfigError(f"optim.warmup_steps must be positive, got {self.warmup_steps}")
         if self.learning_rate_scale <= 0:

@@ -108,11 +108,12 @@ def _write_trees(path: Path, trees: Sequence[Tree]) -> None:
 
 
 def evaluate_parse_split(
-    run: LoadedRun, split: str, decode: DecodeConfig, output_dir: Path
+    run: LoadedRun, split: str, decode: DecodeConfig, output_dir: Path, tag: str = ""
 ) -> ParseSplitScores:
     """Parses the gold trees' sentences of `split`, writes the parses, the parses with the
     gold tags and the gold trees (see the module docstring), and scores the gold-tagged
-    parses against the gold trees."""
+    parses against the gold trees. `tag` (e.g. "-ema") names what was decoded when the
+    step alone does not."""
     data = run.experiment.data
     gold = treebank_trees(split, data.data_dir, data.treebank_splits)
     translator = parsing_translator(run, decode)
@@ -128,7 +129,7 @@ def evaluate_parse_split(
     # every sentence has a parse, over exactly its words.
     trees = [tree for tree in parsed if tree is not None]
     tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
-    stem = decodes_stem(split, run, decode)
+    stem = decodes_stem(split, run, decode, tag)
     paths = [
         output_dir / f"{stem}{suffix}" for suffix in (".trees", ".tagged.trees", ".gold.trees")
     ]

@@ -19,6 +19,7 @@ from attnmt.parallel.agreement import any_process, sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs
+from attnmt.train.optim import find_ema_params
 from attnmt.train.prefetch import Prefetcher
 from attnmt.train.profiling import Profiler
 from attnmt.train.program import TrainProgram
@@ -172,8 +173,13 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Loss, perplexity and accuracy on the whole evaluation split (no dropout)."""
-        return self.validation.loss(self.state.params)
+        """Loss, perplexity and accuracy on the whole evaluation split (no dropout); with
+        optim.ema_decay also the moving average's, as ema_loss, ema_nll, …"""
+        figures = self.validation.loss(self.state.params)
+        average = find_ema_params(self.state.opt_state)
+        if average is not None:
+            figures.update({f"ema_{k}": v for k, v in self.validation.loss(average).items()})
+        return figures
 
     def _save(self, metric: float | None = None) -> bool:
         """Checkpoints the state and the data position after the last update drawn; False
