@@ -97,4 +97,9 @@ def get_config(arg: str | None = None):
         config.model.d_ff = 384
         config.model.d_k = 48
         config.model.d_v = 48
+        # Scored with a moving average of the parameters (session 17, docs/REPRODUCING.md
+        # "A moving average for the quick run"): in the same 15-minute run (2,185 updates,
+        # AVX2-only AMD EPYC) val sacreBLEU 33.98 against 33.12 for the newest checkpoint,
+        # val nll 2.14 against 2.17. train.test_at_end prints the average's test BLEU.
+        config.optim.ema_decay = 0.998
     return config
