@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.common import EOS_ID, PAD_ID
 from attnmt.config.data import DataConfig
 from attnmt.config.experiment import Experiment
@@ -17,7 +18,6 @@ from attnmt.config.train import OptimConfig
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
 from attnmt.parallel.mesh import make_mesh, mesh_shape
 from attnmt.parallel.sharding import bytes_per_device, put_batch
-from attnmt.train.optim import find_ema_params
 from attnmt.train.program import build_program
 from tests.equivalence import assert_same_losses, assert_same_updates
 from tests.helpers import tiny_model

@@ -12,13 +12,14 @@ import pytest
 import sacrebleu
 
 from attnmt.checkpoint.average import ema_checkpoint
+from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
 from attnmt.config.train import OptimConfig
 from attnmt.errors import CheckpointError, ConfigError
 from attnmt.model.transformer import Transformer
 from attnmt.train.assemble import build_trainer
-from attnmt.train.optim import find_ema_params, make_optimizer, optimizer_with_schedule
+from attnmt.train.optim import make_optimizer, optimizer_with_schedule
 from attnmt.train.step import TrainState, apply_gradients, create_train_state
 from tests.helpers import TINY_CONFIG, reversal_overrides, tiny_experiment, tiny_model
 

@@ -21,10 +21,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.checkpoint.manager import CheckpointManager, checkpoint_dir, partial_reader
 from attnmt.errors import CheckpointError
 from attnmt.storage import Path, as_path, copy_file
-from attnmt.train.optim import find_ema_params
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     add_decode_arguments(evaluate)
     evaluate.add_argument("--split", default=None, help="default: the config's test split")
     evaluate.set_defaults(handler=run_evaluate)
+    _add_average_command(commands)
 
+
+def _add_average_command(commands: argparse._SubParsersAction) -> None:
     average = commands.add_parser(
         "average",
         help="average the last K checkpoints (§6.1), or the N best; or write the moving average",

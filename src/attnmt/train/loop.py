@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.model import ModelConfig
 from attnmt.data.pipeline import padding_fraction, split_batch
@@ -19,7 +20,6 @@ from attnmt.parallel.agreement import any_process, sum_over_processes
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
 from attnmt.train.inputs import TrainInputs
-from attnmt.train.optim import find_ema_params
 from attnmt.train.prefetch import Prefetcher
 from attnmt.train.profiling import Profiler
 from attnmt.train.program import TrainProgram

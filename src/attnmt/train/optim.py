@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from attnmt.checkpoint.ema_state import EMA_FIELD
 from attnmt.config.train import OptimConfig
 
 
@@ -86,9 +87,8 @@ class ParamsEMAState(NamedTuple):
     ema_params: Any  # the average, float32, shaped (and sharded) like the parameters
 
 
-# The field that holds the average: checkpoints are searched for it by name (their restored
-# trees may be plain dicts), so it must stay unique within a train state.
-EMA_FIELD = "ema_params"
+# Inference finds the average by this field's name (attnmt/checkpoint/ema_state.py).
+assert EMA_FIELD in ParamsEMAState._fields
 
 
 def ema_decay_at(decay: float, count: jax.Array) -> jax.Array:
@@ -125,23 +125,3 @@ def params_ema(decay: float) -> optax.GradientTransformation:
         return updates, ParamsEMAState(ema_count=state.ema_count + 1, ema_params=average)
 
     return optax.GradientTransformation(init, update)
-
-
-def find_ema_params(opt_state: Any) -> Any | None:
-    """The moving average held in an optimizer state (as built, or as a checkpoint
-    restored it without a target: namedtuples as dicts, tuples as lists); None without one."""
-    if isinstance(opt_state, ParamsEMAState):
-        return opt_state.ema_params
-    if isinstance(opt_state, dict):
-        if EMA_FIELD in opt_state:
-            return opt_state[EMA_FIELD]
-        children = list(opt_state.values())
-    elif isinstance(opt_state, (list, tuple)):
-        children = list(opt_state)
-    else:
-        return None
-    for child in children:
-        found = find_ema_params(child)
-        if found is not None:
-            return found
-    return None
