@@ -96,7 +96,8 @@ def ema_decay_at(decay: float, count: jax.Array) -> jax.Array:
 
     Ramping the decay up keeps the random initialisation from lingering in the average of
     a short run: with a constant 0.999 it would still weigh 0.999^3000 ≈ 5 % after 3,000
-    updates; with the ramp its weight is 0 after the first update.
+    updates; with the ramp its weight after t updates is the product of (1 + c)/(10 + c)
+    over c < t, 9!·t!/(t + 9)!: 0.1 after one update, 5e-10 after 40.
     """
     count = jnp.asarray(count, jnp.float32)
     return jnp.minimum(decay, (1.0 + count) / (10.0 + count))
