@@ -1,7 +1,7 @@
 """English constituency parsing as translation (§6.3, Table 4): words → linearized tree.
 
     attnmt train --config configs/wsj_parsing.py:variant=sample --workdir runs/wsj_sample
-    attnmt evaluate --workdir runs/wsj_sample --split dev          # labelled bracket F1
+    attnmt evaluate --workdir runs/wsj_sample --split dev --ema    # labelled bracket F1
     attnmt parse --workdir runs/wsj_sample < sentences.txt         # one tree per line
     attnmt train --config configs/wsj_parsing.py:variant=paper \\
         --config.data.data_dir=/path/to/treebank/wsj --workdir runs/wsj
@@ -99,6 +99,12 @@ def _sample(config):
     model.dropout_rate = 0.2
     model.attention_dropout_rate = 0.1
     model.norm_position = "pre"  # converges in fewer updates (as configs/multi30k.py)
+    # A moving average of the parameters (session 18, docs/REPRODUCING.md "A moving average
+    # for the parser"), decoded by `attnmt evaluate --ema`: an hour on one core (3,346
+    # updates, AVX2-only AMD EPYC, 2026-12-03), dev F1 66.81 against 65.76 for the newest
+    # checkpoint of the same run, dev nll 0.467 against 0.494 at 3,250; with d_model 128
+    # (4,529 updates) 65.33 against 65.61, nll 0.466 against 0.484.
+    config.optim.ema_decay = 0.998
     config.optim.warmup_steps = 800
     train.num_steps = 8000
     train.time_limit_minutes = 60.0

@@ -57,6 +57,20 @@ def load_run(workdir: str | os.PathLike, step: int | str | None = None) -> Loade
     (a local folder or one in a bucket). `step="best"`: the best step train.keep_best_by
     kept (a step number given as text is read as that number)."""
     workdir = as_path(workdir, "--workdir")
+    experiment, params, chosen = _restore(workdir, step, with_params=True)
+    tokenizer = load_tokenizer(experiment, workdir)
+    return LoadedRun(experiment, tokenizer, params, chosen, workdir)
+
+
+def load_experiment(workdir: str | os.PathLike, step: int | str | None = None) -> Experiment:
+    """The config a workdir's newest (or given) checkpoint was trained with, reading
+    none of its arrays."""
+    return _restore(as_path(workdir, "--workdir"), step, with_params=False)[0]
+
+
+def _restore(
+    workdir: Path, step: int | str | None, with_params: bool
+) -> tuple[Experiment, Any, int]:
     directory = checkpoint_dir(workdir)
     if not as_path(directory).is_dir():  # checked first: opening a manager creates the folder
         raise CheckpointError(f"no checkpoint in {directory}: train first, or check --workdir")
@@ -73,11 +87,12 @@ def load_run(workdir: str | os.PathLike, step: int | str | None = None) -> Loade
                 f"no checkpoint for step {chosen} in {manager.directory}; present: {steps_present}"
             )
         experiment = Experiment.from_mapping(manager.restore_config(chosen))
-        params = manager.restore_params(chosen, abstract_params_on_one_device(experiment.model))
+        params = None
+        if with_params:
+            params = manager.restore_params(chosen, abstract_params_on_one_device(experiment.model))
     finally:
         manager.close()
-    tokenizer = load_tokenizer(experiment, workdir)
-    return LoadedRun(experiment, tokenizer, params, chosen, workdir)
+    return experiment, params, chosen
 
 
 def _chosen_step(manager: CheckpointManager, present: list[int], step: int | str | None) -> int:

@@ -36,7 +36,7 @@ from attnmt.parallel.mesh import make_mesh
 from attnmt.train import step as steps
 from attnmt.train.loop import Trainer
 from attnmt.train.program import abstract_state
-from attnmt.workdir import load_run
+from attnmt.workdir import load_experiment, load_run
 from tests.helpers import tiny_train_args, write_reversal_corpus
 
 NUM_STEPS = 30
@@ -124,6 +124,20 @@ def reference(tmp_path_factory, corpus, env) -> Path:
     run_to_end(train_command(workdir, corpus), env)
     assert finished_steps(workdir)[-1] == NUM_STEPS
     return workdir
+
+
+@pytest.mark.slow
+def test_the_config_is_read_without_the_arrays(tmp_path, reference):
+    # What train.test_at_end reads first, to choose between the checkpoint and its moving
+    # average: with every array file gone the config still loads, and equals load_run's.
+    copy = tmp_path / "workdir"
+    shutil.copytree(reference, copy)
+    for path in (copy / "checkpoints").glob("*/state/**/*"):
+        if path.is_file():
+            path.unlink()
+    assert load_experiment(copy) == load_run(reference).experiment
+    first = finished_steps(reference)[0]
+    assert load_experiment(copy, step=first) == load_run(reference, step=first).experiment
 
 
 @contextlib.contextmanager

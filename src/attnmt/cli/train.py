@@ -60,14 +60,14 @@ def _score_test_split(workdir: str) -> None:
     decodes its rows of each batch; process 0 prints and writes."""
     from attnmt.decode.sharded import writes_outputs
     from attnmt.storage import as_path
-    from attnmt.workdir import load_run
+    from attnmt.workdir import load_experiment, load_run
 
-    run = load_run(workdir)
-    data = run.experiment.data
+    experiment = load_experiment(workdir)  # the config alone: which params to load follows
+    data = experiment.data
     if not data.test_split or data.source == "treebank":
         return
-    tag = ""
-    if run.experiment.optim.ema_decay > 0:  # the average is what the run is for
+    scored, tag = workdir, ""
+    if experiment.optim.ema_decay > 0:  # the average is what the run is for
         from jax.experimental import multihost_utils
 
         from attnmt.checkpoint.average import ema_checkpoint
@@ -75,7 +75,8 @@ def _score_test_split(workdir: str) -> None:
         if writes_outputs():  # one writer; every process then loads what it wrote
             ema_checkpoint(workdir, overwrite=True)
         multihost_utils.sync_global_devices("attnmt moving average written")
-        run, tag = load_run(as_path(workdir, "--workdir") / "ema"), "-ema"
+        scored, tag = as_path(workdir, "--workdir") / "ema", "-ema"
+    run = load_run(scored)
     try:
         score_and_log([run], data.test_split, run.experiment.decode, workdir, tag)
     except DataError as error:  # e.g. a corpus of files with no test split
