@@ -132,9 +132,10 @@ def test_the_config_is_read_without_the_arrays(tmp_path, reference):
     # average: with every array file gone the config still loads, and equals load_run's.
     copy = tmp_path / "workdir"
     shutil.copytree(reference, copy)
-    for path in (copy / "checkpoints").glob("*/state/**/*"):
-        if path.is_file():
-            path.unlink()
+    arrays = [path for path in (copy / "checkpoints").glob("*/state/**/*") if path.is_file()]
+    assert arrays, "the layout changed: no array files found to delete"
+    for path in arrays:
+        path.unlink()
     assert load_experiment(copy) == load_run(reference).experiment
     first = finished_steps(reference)[0]
     assert load_experiment(copy, step=first) == load_run(reference, step=first).experiment
