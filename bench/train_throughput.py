@@ -42,7 +42,7 @@ from attnmt.config.parallel import ParallelConfig
 from attnmt.config.xla import compiler_options
 from attnmt.data.pipeline import BatchIterator
 from attnmt.parallel.mesh import make_mesh
-from attnmt.train.inputs import batch_plan
+from attnmt.train.inputs import batch_plan, packing_options
 from attnmt.train.program import PlainSteps, build_program
 
 DEFAULT_SHAPES = {"tiny": (16, 32), "wmt14_ende": (64, 32), "wmt14_ende_big": (64, 32)}
@@ -74,7 +74,7 @@ def multi30k_batches(
     or its one packed shape with data.pack_length."""
     corpus, _ = common.multi30k_corpus(experiment, data_dir, data_workdir)
     shapes = batch_plan(experiment, batch_shards=1, processes=1).update_shapes
-    iterator = BatchIterator(corpus, shapes, seed=seed, pack=experiment.data.packed)
+    iterator = BatchIterator(corpus, shapes, seed=seed, **packing_options(experiment))
     return list(itertools.islice(iterator, count))
 
 

@@ -370,19 +370,23 @@ def token_cache_gathers(debug: Path, process: int) -> list[list[int]]:
 # ---- packing (attnmt.data.packing) ------------------------------------------------------
 
 
-def reference_pack(src, tgt, order, rows: int, length: int) -> list[tuple[list, list]]:
+def reference_pack(
+    src, tgt, order, rows: int, length: int, source_length: int | None = None
+) -> list[tuple[list, list]]:
     """[(ids, rows)]: each example to the first row of the open batch with room on both
-    sides; a new batch when none has (examples longer than `length` left out)."""
+    sides (`source_length`, None: `length`, source tokens and `length` target tokens); a
+    new batch when none has (examples longer than a row on either side left out)."""
     batches, ids, placed = [], [], []
-    free = np.full((rows, 2), length)
+    capacity = np.array([length if source_length is None else source_length, length])
+    free = np.tile(capacity, (rows, 1))
     for example in order:
         size = (src[example], tgt[example])
-        if max(size) > length:
+        if np.any(np.asarray(size) > capacity):
             continue
         room = np.flatnonzero((free >= size).all(axis=1))
         if len(room) == 0:
             batches.append((ids, placed))
-            ids, placed, free[:] = [], [], length
+            ids, placed, free[:] = [], [], capacity
             room = [0]
         free[room[0]] -= size
         ids.append(example)

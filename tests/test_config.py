@@ -73,6 +73,8 @@ def test_overrides_are_typed():
         ("--config.train.label_smoothing=1.5", "train.label_smoothing"),
         ("--config.optim.warmup_steps=0", "optim.warmup_steps"),
         ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
+        ("--config.data.pack_source_length=32", "data.pack_source_length"),  # not packed
+        ("--config.data.pack_source_length=-1", "data.pack_source_length"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(override, key):

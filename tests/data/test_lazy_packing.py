@@ -35,7 +35,13 @@ def corpus() -> TokenizedCorpus:
     return _random_corpus(0)
 
 
-def reference_epoch(corpus: TokenizedCorpus, seed: int, epoch: int, shuffle: bool = True):
+def reference_epoch(
+    corpus: TokenizedCorpus,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    source_length: int = LENGTH,
+):
     """[(ids, rows, offset after the batch)] of one epoch: the reference first fit of the
     examples in `rng([seed, epoch]).permutation`; the offset is where in that order the
     next batch's first example is (the order's length after the last batch)."""
@@ -43,19 +49,22 @@ def reference_epoch(corpus: TokenizedCorpus, seed: int, epoch: int, shuffle: boo
     order = np.random.default_rng([seed, epoch]).permutation(count) if shuffle else range(count)
     order = list(order)
     src, tgt = corpus.src_lengths, corpus.tgt_lengths
-    batches = reference_pack(src, tgt, order, ROWS, LENGTH)
+    batches = reference_pack(src, tgt, order, ROWS, LENGTH, source_length)
     following = [order.index(ids[0]) for ids, _ in batches[1:]] + [count]
     return [(ids, rows, end) for (ids, rows), end in zip(batches, following, strict=True)]
 
 
-def reference_arrays(corpus: TokenizedCorpus, ids, rows) -> dict[str, np.ndarray]:
+def reference_arrays(
+    corpus: TokenizedCorpus, ids, rows, source_length: int = LENGTH
+) -> dict[str, np.ndarray]:
     """A packed batch built by hand: each row its examples end to end, in placement order,
-    segments 1, 2, … and positions from 0 in each example, PAD / 0 after."""
+    segments 1, 2, … and positions from 0 in each example, PAD / 0 after; the source side
+    `source_length` wide."""
     out = {}
-    for side, name in ((0, "src"), (1, "tgt")):
-        tokens = np.full((ROWS, LENGTH), PAD_ID, dtype=np.int32)
-        segments = np.zeros((ROWS, LENGTH), dtype=np.int32)
-        positions = np.zeros((ROWS, LENGTH), dtype=np.int32)
+    for side, name, width in ((0, "src", source_length), (1, "tgt", LENGTH)):
+        tokens = np.full((ROWS, width), PAD_ID, dtype=np.int32)
+        segments = np.zeros((ROWS, width), dtype=np.int32)
+        positions = np.zeros((ROWS, width), dtype=np.int32)
         used, count = [0] * ROWS, [0] * ROWS
         for example, row in zip(ids, rows, strict=True):
             seq = corpus.example(int(example))[side]
@@ -69,13 +78,14 @@ def reference_arrays(corpus: TokenizedCorpus, ids, rows) -> dict[str, np.ndarray
     return out
 
 
-def reference_stream(corpus: TokenizedCorpus, seed: int, epochs: int):
+def reference_stream(corpus: TokenizedCorpus, seed: int, epochs: int, source_length: int = LENGTH):
     """[(arrays, state after drawing them)] of the first `epochs` epochs."""
     stream = []
     for epoch in range(epochs):
-        for index, (ids, rows, end) in enumerate(reference_epoch(corpus, seed, epoch)):
+        batches = reference_epoch(corpus, seed, epoch, source_length=source_length)
+        for index, (ids, rows, end) in enumerate(batches):
             state = {"epoch": epoch, "index": index + 1, "seed": seed, "packed_offset": end}
-            stream.append((reference_arrays(corpus, ids, rows), state))
+            stream.append((reference_arrays(corpus, ids, rows, source_length), state))
     return stream
 
 
@@ -92,7 +102,7 @@ def _iterator(corpus: TokenizedCorpus, seed: int = 0, **kwargs) -> BatchIterator
 # ---- the packer -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(10))
 def test_the_packer_is_the_reference_first_fit_from_every_batch_start(
     case: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,17 +113,22 @@ def test_the_packer_is_the_reference_first_fit_from_every_batch_start(
     count = int(rng.integers(0, 300)) if case else 0
     src = rng.integers(1, length + 4, size=count)
     tgt = np.clip(src + rng.integers(-3, 4, size=count), 1, None)
+    # From case 6 on, source rows shorter than the target's (data.pack_source_length), so
+    # that either side can be the one without room.
+    source_length = int(rng.integers(2, length)) if case >= 6 else None
+    if source_length is not None:
+        src = np.clip(src // 2, 1, None)
     order = rng.permutation(count)
-    expected = reference_pack(src, tgt, order, rows, length)
+    expected = reference_pack(src, tgt, order, rows, length, source_length)
     starts = [list(order).index(ids[0]) for ids, _ in expected] + [count]
-    packer = EpochPacker(src, tgt, order, rows, length)
+    packer = EpochPacker(src, tgt, order, rows, length, source_length=source_length)
     for (ids, placed), end in zip(expected, starts[1:], strict=True):
         batch = next(packer)
         assert (batch.example_ids.tolist(), batch.rows.tolist()) == (ids, placed)
         assert packer.offset == end
     assert next(packer, None) is None and next(packer, None) is None
     for k, start in enumerate(starts[:-1]):  # the rest of the epoch from each batch start
-        rest = list(EpochPacker(src, tgt, order, rows, length, offset=start))
+        rest = list(EpochPacker(src, tgt, order, rows, length, start, source_length))
         assert [(b.example_ids.tolist(), b.rows.tolist()) for b in rest] == expected[k:]
 
 
@@ -279,3 +294,46 @@ def test_bucketed_positions_have_no_offset(corpus: TokenizedCorpus) -> None:
     # A packed run's position, resumed without packing: its epoch and index, as before.
     batches.set_state({"epoch": 0, "index": 1, "seed": 0, "packed_offset": 40})
     assert_same_arrays(next(batches), want)
+
+
+# ---- source rows shorter than the target's (data.pack_source_length) ---------------------
+
+SOURCE_LENGTH = 9  # the random corpus has sources of 1-19 tokens: many fit no source row
+
+
+def test_shorter_source_rows_draw_the_reference_batches_shards_and_positions(
+    corpus: TokenizedCorpus,
+) -> None:
+    stream = reference_stream(corpus, seed=7, epochs=2, source_length=SOURCE_LENGTH)
+    batches = _iterator(corpus, seed=7, pack_source_length=SOURCE_LENGTH)
+    fits = (corpus.src_lengths <= SOURCE_LENGTH) & (corpus.tgt_lengths <= LENGTH)
+    assert batches.examples_per_epoch == int(fits.sum()) < len(corpus)
+    for want, state in stream:
+        got = next(batches)
+        assert got["src_tokens"].shape == (ROWS, SOURCE_LENGTH)
+        assert got["tgt_tokens"].shape == (ROWS, LENGTH)
+        assert_same_arrays(got, want)
+        assert batches.get_state() == state
+    half = ROWS // 2
+    for drawn in (1, len(stream) // 2):  # mid-epoch 0 and later, from a saved position
+        shard = _iterator(corpus, shard_index=1, shard_count=2, pack_source_length=SOURCE_LENGTH)
+        shard.set_state(stream[drawn - 1][1])
+        want = stream[drawn][0]
+        assert_same_arrays(next(shard), {key: value[half:] for key, value in want.items()})
+
+
+def test_an_offset_at_a_source_too_long_for_its_row_is_refused(corpus: TokenizedCorpus) -> None:
+    """An example that would fit rows of LENGTH on both sides, but not the source row."""
+    order = np.random.default_rng([0, 0]).permutation(len(corpus))
+    src, tgt = corpus.src_lengths[order], corpus.tgt_lengths[order]
+    wide = (src > SOURCE_LENGTH) & (src <= LENGTH) & (tgt <= LENGTH)
+    position = int(np.flatnonzero(wide[1:])[0]) + 1
+    batches = _iterator(corpus, pack_source_length=SOURCE_LENGTH)
+    batches.set_state({"epoch": 0, "index": 1, "seed": 0, "packed_offset": position})
+    with pytest.raises(ValueError, match="does not start a batch"):
+        next(batches)
+
+
+def test_source_rows_need_packing(corpus: TokenizedCorpus) -> None:
+    with pytest.raises(ValueError, match="pack_source_length"):
+        BatchIterator(corpus, [(ROWS, LENGTH)], seed=0, pack_source_length=8)

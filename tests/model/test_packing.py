@@ -36,17 +36,24 @@ def _corpus(count: int, seed: int) -> TokenizedCorpus:
 
 @pytest.fixture(
     scope="module",
-    params=[CONFIG, dataclasses.replace(CONFIG, norm_position="pre", positional="learned")],
-    ids=["post-norm-sinusoids", "pre-norm-learned-positions"],
+    params=[
+        (CONFIG, ROW_LENGTH),
+        (dataclasses.replace(CONFIG, norm_position="pre", positional="learned"), ROW_LENGTH),
+        (CONFIG, 10),  # source rows shorter than the target's (data.pack_source_length)
+    ],
+    ids=["post-norm-sinusoids", "pre-norm-learned-positions", "source-rows-of-10"],
 )
 def setup(request):
+    config, source_length = request.param
     corpus = _corpus(12, seed=0)
     order = np.arange(len(corpus))
-    (packed_plan,) = pack_examples(corpus.src_lengths, corpus.tgt_lengths, order, 6, ROW_LENGTH)
-    packed = corpus.gather_packed(packed_plan, 0, 6, ROW_LENGTH)
+    lengths = corpus.src_lengths, corpus.tgt_lengths
+    (packed_plan,) = pack_examples(*lengths, order, 6, ROW_LENGTH, source_length)
+    packed = corpus.gather_packed(packed_plan, 0, 6, ROW_LENGTH, source_length)
+    assert packed["src_tokens"].shape == (6, source_length)
     assert packed["src_segments"].max() >= 2, "some row must hold several examples"
     src, tgt = corpus.gather(np.arange(len(corpus)), 8)
-    model = Transformer(request.param)
+    model = Transformer(config)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(1), src, tgt)["params"])
     return model, params, packed, packed_plan, {"src_tokens": src, "tgt_tokens": tgt}
 

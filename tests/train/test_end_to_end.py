@@ -248,6 +248,35 @@ def test_packed_rows_train_and_evaluate_with_little_padding(reversal_corpus, tmp
     assert result.last_train["padding_fraction"] < 0.25
 
 
+def test_shorter_source_rows_train_on_the_step_the_preflight_compiled(
+    reversal_corpus, tmp_path, caplog
+):
+    """data.pack_source_length: source arrays of their own width through training and
+    validation; the memory pre-flight compiles exactly the step that runs (jit compiles
+    nothing more); sources longer than the row are left out, and the log says how many."""
+    overrides = [
+        *reversal_overrides(reversal_corpus, 60),
+        "--config.data.pack_length=16",
+        "--config.data.pack_source_length=5",  # the reversal pairs have 3-6 tokens a side
+    ]
+    with caplog.at_level("WARNING", logger="attnmt.train"):
+        trainer = build_trainer(tiny_experiment(overrides), tmp_path / "run")
+    corpus = trainer.train_batches.corpus
+    too_long = int((corpus.src_lengths > 5).sum())
+    assert 0 < too_long < len(corpus)
+    assert f"{too_long} of {len(corpus)} pairs have a source longer than" in caplog.text
+    assert trainer.train_batches.examples_per_epoch == len(corpus) - too_long
+    initial = trainer.evaluate()
+    trainer.run()
+    assert trainer.evaluate()["nll"] < 0.7 * initial["nll"], (initial, trainer.evaluate())
+    ((rows, length),) = trainer.plan.update_shapes
+    (signature,) = trainer.program.train_step._compiled  # the pre-flight's executable
+    # (state, batch) flattened: the batch's six arrays come last, in sorted key order.
+    batch_shapes = [shape for shape, _ in signature[1][-6:]]
+    assert batch_shapes == [(rows, 5)] * 3 + [(rows, 16)] * 3 and length == 16
+    assert trainer.program.train_step._jitted._cache_size() == 0  # nothing compiled again
+
+
 def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, capsys):
     """The README's first command ends with the score: train.test_at_end decodes the test
     split with the newest checkpoint and prints what `attnmt evaluate` prints."""

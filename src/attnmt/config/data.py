@@ -50,6 +50,11 @@ class DataConfig:
     # >0: pack several examples into each row of this many tokens per side (one compiled
     # shape, little padding; attention stays within each example) instead of length buckets
     pack_length: int = 0
+    # >0 (with pack_length): the source side's rows hold this many tokens instead. Where the
+    # source is much shorter than the target (parsing: a tree is about twice its sentence)
+    # equal rows leave the encoder's half padding; pairs whose source is longer than this
+    # are left out of training and validation (the run logs how many).
+    pack_source_length: int = 0
 
     @property
     def packed(self) -> bool:
@@ -87,6 +92,11 @@ class DataConfig:
             raise ConfigError(
                 f"data.pack_length={self.pack_length} must be 0 (no packing) or at least "
                 f"data.max_length={self.max_length}, so that every example fits in a row"
+            )
+        if self.pack_source_length < 0 or (self.pack_source_length and not self.packed):
+            raise ConfigError(
+                f"data.pack_source_length={self.pack_source_length} must be 0 (as long as "
+                "the target's rows) or positive with data.pack_length > 0 (packed rows)"
             )
         if self.min_bucket_length > self.max_length:
             raise ConfigError("data.min_bucket_length must not exceed data.max_length")

@@ -1,5 +1,9 @@
 """Packing: several examples per row of a fixed [rows, length] batch (data.pack_length).
 
+The source side's rows may be shorter than the target's (data.pack_source_length): where
+one side is much shorter (a parse tree is twice its sentence), equal rows would leave the
+encoder's half padding, computed at every layer for nothing.
+
 Length buckets pad every example up to its bucket's length and compile one program per
 bucket; on Multi30K that left about a fifth of every batch as padding. Packing fills rows
 end to end instead: one shape, one compiled step, and padding only where no further
@@ -95,24 +99,29 @@ class _OldRows:
 
 
 def _first_fit(
-    pairs: Iterator[tuple[int, int]], rows: int, length: int, first: tuple[int, int] | None
+    pairs: Iterator[tuple[int, int]],
+    rows: int,
+    lengths: tuple[int, int],
+    first: tuple[int, int] | None,
 ) -> tuple[list[int], tuple[int, int] | None]:
     """First fit of one batch: `first` (when given) in row 0, then the examples of `pairs`
     (source and target lengths) in order, until one fits no row and no row is left to open.
+    A row holds `lengths` = (source, target) tokens.
 
-    Returns the row of each example drawn, `first` included (-1: longer than `length`,
-    left out), and the example that did not fit, which opens the next batch (None when
+    Returns the row of each example drawn, `first` included (-1: longer than a row on
+    either side, left out), and the example that did not fit, which opens the next batch (None when
     `pairs` ran out). First fit tries the old rows, then the last opened row, then opens
     the next one; the exact largest free space of the old rows lets most examples skip
     them with two comparisons, which is what makes a 36M-example epoch take seconds.
     """
+    src_length, tgt_length = lengths
     old = _OldRows()
     max_src = max_tgt = -1  # no old row yet
-    last, last_src, last_tgt = 0, length, length  # row 0 is open, empty
+    last, last_src, last_tgt = 0, src_length, tgt_length  # row 0 is open, empty
     placed: list[int] = []
     put = placed.append
     if first is not None:
-        last_src, last_tgt = length - first[0], length - first[1]
+        last_src, last_tgt = src_length - first[0], tgt_length - first[1]
         put(0)
     for s, t in pairs:
         if s <= max_src and t <= max_tgt:  # only then can an old row have room
@@ -127,7 +136,7 @@ def _first_fit(
             put(last)
             continue
         # Checked only here: a too-long example never fits a row, so it always gets here.
-        if s > length or t > length:
+        if s > src_length or t > tgt_length:
             put(-1)
             continue
         if last + 1 == rows:  # no row has room: the batch is complete
@@ -135,7 +144,7 @@ def _first_fit(
         old.add(last_src, last_tgt)
         max_src, max_tgt = old.max_src, old.max_tgt
         last += 1
-        last_src, last_tgt = length - s, length - t
+        last_src, last_tgt = src_length - s, tgt_length - t
         put(last)
     return placed, None
 
@@ -162,7 +171,8 @@ class EpochPacker:
     Packing is first fit within the open batch (see pack_examples, which is a loop over
     this): a batch depends only on where in `order` it starts, so `offset` (the position
     of the next batch's first example; ``len(order)`` at the end) is all it takes to go
-    on from any batch boundary. Costs the examples of one batch per batch (and converting
+    on from any batch boundary. Rows hold `length` target tokens and `source_length`
+    source tokens (None: `length`). Costs the examples of one batch per batch (and converting
     the next _CHUNK lengths to Python ints every _CHUNK examples).
     """
 
@@ -174,9 +184,13 @@ class EpochPacker:
         rows: int,
         length: int,
         offset: int = 0,
+        source_length: int | None = None,
     ) -> None:
-        if rows < 1 or length < 1:
-            raise ValueError(f"rows and length must be positive, got {rows=} {length=}")
+        source_length = length if source_length is None else source_length
+        if rows < 1 or length < 1 or source_length < 1:
+            raise ValueError(
+                f"rows and lengths must be positive, got {rows=} {length=} {source_length=}"
+            )
         order = np.asarray(order)
         if not np.issubdtype(order.dtype, np.integer):
             order = order.astype(np.int64)
@@ -184,6 +198,7 @@ class EpochPacker:
             raise ValueError(f"offset {offset} is outside an order of {len(order)} examples")
         self.src_lengths, self.tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
         self.order, self.rows, self.length = order, rows, length
+        self.source_length = source_length
         self.offset = offset
         self._pairs = _lengths_from(self.src_lengths, self.tgt_lengths, order, offset)
         self._first: tuple[int, int] | None = None  # the example at `offset`, once drawn
@@ -195,7 +210,8 @@ class EpochPacker:
         """The batch starting at `offset` (its ids in `order`'s integer type, rows int32);
         StopIteration once no example that fits is left."""
         start = self.offset
-        placed, self._first = _first_fit(self._pairs, self.rows, self.length, self._first)
+        lengths = (self.source_length, self.length)
+        placed, self._first = _first_fit(self._pairs, self.rows, lengths, self._first)
         self.offset = start + len(placed)
         rows = np.asarray(placed, dtype=np.int32)
         kept = rows >= 0
@@ -205,16 +221,23 @@ class EpochPacker:
 
 
 def pack_examples(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, order: np.ndarray, rows: int, length: int
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    order: np.ndarray,
+    rows: int,
+    length: int,
+    source_length: int | None = None,
 ) -> list[PackedBatch]:
     """Places the examples of `order`, in that order, into batches of `rows` rows.
 
     First fit within the open batch: each example goes to the first row with room on both
     sides; when no row has room, the batch is complete and the example opens the next one.
-    Examples longer than `length` on either side are left out. Only the open batch is
+    A row holds `length` target and `source_length` (None: `length`) source tokens;
+    examples longer than that on either side are left out. Only the open batch is
     searched, so the data order stays (up to a batch) the order given.
     """
-    return list(EpochPacker(src_lengths, tgt_lengths, order, rows, length))
+    packer = EpochPacker(src_lengths, tgt_lengths, order, rows, length, 0, source_length)
+    return list(packer)
 
 
 def epoch_order(count: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -236,6 +259,7 @@ def pack_epoch(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    source_length: int | None = None,
 ) -> list[PackedBatch]:
     """The packed batches of one epoch, all at once (a run packs them one at a time as it
     draws them: EpochPacker over epoch_order)."""
@@ -243,7 +267,7 @@ def pack_epoch(
     if count != len(tgt_lengths):
         raise ValueError(f"{count} source lengths but {len(tgt_lengths)} target")
     order = epoch_order(count, seed, epoch, shuffle)
-    return pack_examples(src_lengths, tgt_lengths, order, rows, length)
+    return pack_examples(src_lengths, tgt_lengths, order, rows, length, source_length)
 
 
 def fill_rows(

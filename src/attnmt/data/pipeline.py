@@ -250,14 +250,21 @@ class TokenizedCorpus:
         return self._src.gather(ids, length), self._tgt.gather(ids, length)
 
     def gather_packed(
-        self, batch: PackedBatch, first_row: int, rows: int, length: int
+        self,
+        batch: PackedBatch,
+        first_row: int,
+        rows: int,
+        length: int,
+        source_length: int | None = None,
     ) -> dict[str, np.ndarray]:
         """Rows ``first_row … first_row + rows - 1`` of a packed batch: tokens, segment ids
-        and positions of both sides (attnmt.common)."""
+        and positions of both sides (attnmt.common), the source side `source_length`
+        (None: `length`) tokens wide."""
         out = {}
-        for side, name in ((self._src, "src"), (self._tgt, "tgt")):
+        widths = (length if source_length is None else source_length, length)
+        for side, name, width in zip((self._src, self._tgt), ("src", "tgt"), widths, strict=True):
             tokens, segments, positions = fill_rows(
-                side.tokens, side.offsets, batch, first_row, rows, length
+                side.tokens, side.offsets, batch, first_row, rows, width
             )
             out[f"{name}_tokens"] = tokens
             out[f"{name}_segments"] = segments
@@ -337,7 +344,8 @@ class BatchIterator:
     ``[shard_index * b, (shard_index + 1) * b)`` with ``b = batch_size // shard_count``,
     so all processes step through the same sequence of global batches. With ``pack``,
     ``shapes`` is one (rows, length) shape and each row holds as many examples as fit
-    (attnmt.data.packing); an epoch draws its example order at its start and packs each
+    (attnmt.data.packing), its source side ``pack_source_length`` tokens (0: ``length``);
+    an epoch draws its example order at its start and packs each
     batch when it is drawn (on the training loop's prefetch thread), so no epoch is
     planned ahead and a saved position (``packed_offset``) resumes at once.
     """
@@ -352,9 +360,12 @@ class BatchIterator:
         shard_index: int = 0,
         shard_count: int = 1,
         pack: bool = False,
+        pack_source_length: int = 0,
     ) -> None:
         if pack and len(shapes) != 1:
             raise ValueError(f"packing fills one (rows, length) shape, got {shapes}")
+        if pack_source_length and not pack:
+            raise ValueError("pack_source_length is the source width of packed rows")
         if shard_count < 1 or not 0 <= shard_index < shard_count:
             raise ValueError(f"bad shard {shard_index} of {shard_count}")
         bad = [b for b, _ in shapes if b % shard_count]
@@ -372,8 +383,14 @@ class BatchIterator:
         self.shard_index = shard_index
         self.shard_count = shard_count
         self.pack = pack
-        buckets = assign_buckets(corpus.src_lengths, corpus.tgt_lengths, self.shapes)
-        self.examples_per_epoch = int((buckets < len(self.shapes)).sum())
+        self.source_length = pack_source_length or (self.shapes[0][1] if pack else None)
+        if self.source_length is not None and self.source_length < 1:
+            raise ValueError(f"pack_source_length must be positive, got {pack_source_length}")
+        if pack:
+            self.examples_per_epoch = int(self.fits_a_row().sum())
+        else:
+            buckets = assign_buckets(corpus.src_lengths, corpus.tgt_lengths, self.shapes)
+            self.examples_per_epoch = int((buckets < len(self.shapes)).sum())
         if repeat and self.examples_per_epoch == 0:
             raise ValueError(
                 f"none of the {len(corpus)} examples fits the longest bucket "
@@ -388,6 +405,11 @@ class BatchIterator:
         self._offset: int | None = 0
         self._packer: EpochPacker | None = None
         self._order: tuple[tuple[int, int, bool], np.ndarray] | None = None
+
+    def fits_a_row(self) -> np.ndarray:
+        """Packed: which examples fit a row on both sides (the others are left out)."""
+        c, length = self.corpus, self.shapes[0][1]
+        return (c.src_lengths <= self.source_length) & (c.tgt_lengths <= length)
 
     @property
     def epoch(self) -> int:
@@ -418,12 +440,14 @@ class BatchIterator:
             order, offset = self._epoch_order(), self._offset
             if offset is not None and 0 < offset < len(order):
                 first = order[offset]
-                if max(c.src_lengths[first], c.tgt_lengths[first]) > length:
+                if c.src_lengths[first] > self.source_length or c.tgt_lengths[first] > length:
                     raise ValueError(
                         f"bad iterator state: packed_offset={offset} does not start a "
                         f"batch of epoch {self._epoch} (a state of another corpus?)"
                     )
-            packer = EpochPacker(c.src_lengths, c.tgt_lengths, order, rows, length, offset or 0)
+            packer = EpochPacker(
+                c.src_lengths, c.tgt_lengths, order, rows, length, offset or 0, self.source_length
+            )
             if offset is None:
                 for _ in itertools.islice(packer, self._index):
                     pass
@@ -475,7 +499,8 @@ class BatchIterator:
         self._index += 1
         batch_size, length = self.shapes[0]
         rows = batch_size // self.shard_count
-        return self.corpus.gather_packed(entry, self.shard_index * rows, rows, length)
+        first_row = self.shard_index * rows
+        return self.corpus.gather_packed(entry, first_row, rows, length, self.source_length)
 
     def _start_epoch(self, epoch: int) -> None:
         self._epoch, self._index, self._offset = epoch, 0, 0

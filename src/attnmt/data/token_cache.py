@@ -469,12 +469,17 @@ class CachedCorpus(TokenizedCorpus):
         return super().gather(ids, length)
 
     def gather_packed(
-        self, batch: PackedBatch, first_row: int, rows: int, length: int
+        self,
+        batch: PackedBatch,
+        first_row: int,
+        rows: int,
+        length: int,
+        source_length: int | None = None,
     ) -> dict[str, np.ndarray]:
         if self._record is not None:
             mine = (batch.rows >= first_row) & (batch.rows < first_row + rows)
             self._record(batch.example_ids[mine])
-        return super().gather_packed(batch, first_row, rows, length)
+        return super().gather_packed(batch, first_row, rows, length, source_length)
 
 
 def _open(folder: Path, manifest: dict, process: int) -> CachedCorpus:

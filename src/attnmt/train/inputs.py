@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import math
+from typing import Any
 
 import jax
 from jax.experimental import multihost_utils
@@ -91,7 +92,10 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
         plan.micro_shapes,
     )
     shard = {"shard_index": jax.process_index(), "shard_count": jax.process_count()}
-    batches = BatchIterator(corpus, plan.update_shapes, seed=train.seed, pack=data.packed, **shard)
+    batches = BatchIterator(
+        corpus, plan.update_shapes, seed=train.seed, **packing_options(experiment), **shard
+    )
+    _log_left_out(experiment, data.train_split, batches)
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
@@ -100,11 +104,36 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
         log.info("evaluation pairs %s", _usable(experiment, data.eval_split, eval_stats))
         tokens = data.eval_tokens_per_batch or data.tokens_per_batch // plan.accumulation_steps
         evaluation = (eval_corpus, _shapes(experiment, tokens, plan.batch_shards))
+        options = packing_options(experiment)
+        every = BatchIterator(eval_corpus, evaluation[1], 0, repeat=False, **options)
+        _log_left_out(experiment, data.eval_split, every)
     bleu_pairs: list[tuple[str, str]] = []
     if train.bleu_every_steps and data.eval_split:
         pairs = iter_split(data, data.eval_split)
         bleu_pairs = list(itertools.islice(pairs, train.bleu_max_sentences or None))
     return TrainInputs(workdir, tokenizer, batches, plan, evaluation, bleu_pairs)
+
+
+def packing_options(experiment: Experiment) -> dict[str, Any]:
+    """BatchIterator's packing arguments for the experiment's data section."""
+    data = experiment.data
+    return {"pack": data.packed, "pack_source_length": data.pack_source_length}
+
+
+def _log_left_out(experiment: Experiment, split: str, batches: BatchIterator) -> None:
+    """Says how many pairs of a packed split fit no row (a source longer than
+    data.pack_source_length): every epoch leaves them out."""
+    data = experiment.data
+    left_out = len(batches.corpus) - batches.examples_per_epoch
+    if data.pack_source_length and left_out:
+        log.warning(
+            "%s: %d of %d pairs have a source longer than data.pack_source_length=%d tokens "
+            "and are left out",
+            split,
+            left_out,
+            len(batches.corpus),
+            data.pack_source_length,
+        )
 
 
 def batch_plan(experiment: Experiment, batch_shards: int, processes: int) -> BatchPlan:

@@ -93,15 +93,21 @@ def estimate_train_memory(
     shape: tuple[int, int],
     grad_accum_steps: int,
     keys: tuple[str, ...] = TOKEN_KEYS,
+    source_length: int = 0,
 ) -> MemoryEstimate:
     """Compiles the step training will run on `shape` (RuledJits, abstract inputs); the
     steps keep that executable, so training does not compile it again.
 
     Without accumulation that is `train_step(state, batch)`, state donated. With it, the
     micro-batch `grad_step(params, batch, rng)` runs while the state and the running
-    gradient sums (one more copy of the parameters) are held.
+    gradient sums (one more copy of the parameters) are held. The source arrays are
+    `source_length` tokens wide (0: as the target's, `shape`'s length).
     """
-    batch = {name: jax.ShapeDtypeStruct(shape, jnp.int32) for name in keys}
+    source_shape = (shape[0], source_length or shape[1])
+    batch = {
+        name: jax.ShapeDtypeStruct(source_shape if name.startswith("src_") else shape, jnp.int32)
+        for name in keys
+    }
     state_bytes = tree_bytes(abstract_state)
     if grad_accum_steps == 1:
         total = _peak_bytes(train_step.compile(abstract_state, batch))
@@ -213,6 +219,7 @@ def memory_preflight(
             shape,
             accumulation_steps,
             batch_keys(experiment.data.packed),
+            experiment.data.pack_source_length,
         )
     except NoMemoryAnalysisError as error:
         log.info("memory pre-flight skipped: %s", error)

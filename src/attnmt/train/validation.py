@@ -14,6 +14,7 @@ from attnmt.decode.evaluation import score
 from attnmt.decode.translate import Translator
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
+from attnmt.train.inputs import packing_options
 from attnmt.train.program import TrainProgram
 
 
@@ -36,7 +37,7 @@ class Validation:
             repeat=False,
             shard_index=jax.process_index(),
             shard_count=jax.process_count(),
-            pack=self.program.experiment.data.packed,
+            **packing_options(self.program.experiment),
         )
         totals: dict[str, Any] = {}
         for batch in batches:
