@@ -95,7 +95,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     batches = BatchIterator(
         corpus, plan.update_shapes, seed=train.seed, **packing_options(experiment), **shard
     )
-    _log_left_out(experiment, data.train_split, batches)
+    _log_left_out(experiment, data.train_split, corpus)
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
@@ -104,9 +104,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
         log.info("evaluation pairs %s", _usable(experiment, data.eval_split, eval_stats))
         tokens = data.eval_tokens_per_batch or data.tokens_per_batch // plan.accumulation_steps
         evaluation = (eval_corpus, _shapes(experiment, tokens, plan.batch_shards))
-        options = packing_options(experiment)
-        every = BatchIterator(eval_corpus, evaluation[1], 0, repeat=False, **options)
-        _log_left_out(experiment, data.eval_split, every)
+        _log_left_out(experiment, data.eval_split, eval_corpus)
     bleu_pairs: list[tuple[str, str]] = []
     if train.bleu_every_steps and data.eval_split:
         pairs = iter_split(data, data.eval_split)
@@ -120,18 +118,19 @@ def packing_options(experiment: Experiment) -> dict[str, Any]:
     return {"pack": data.packed, "pack_source_length": data.pack_source_length}
 
 
-def _log_left_out(experiment: Experiment, split: str, batches: BatchIterator) -> None:
-    """Says how many pairs of a packed split fit no row (a source longer than
-    data.pack_source_length): every epoch leaves them out."""
+def _log_left_out(experiment: Experiment, split: str, corpus: TokenizedCorpus) -> None:
+    """Says how many pairs of a packed split have a source longer than
+    data.pack_source_length: every epoch leaves them out (their targets fit, as
+    data.pack_length ≥ data.max_length)."""
     data = experiment.data
-    left_out = len(batches.corpus) - batches.examples_per_epoch
+    left_out = int((corpus.src_lengths > data.pack_source_length).sum())
     if data.pack_source_length and left_out:
         log.warning(
             "%s: %d of %d pairs have a source longer than data.pack_source_length=%d tokens "
             "and are left out",
             split,
             left_out,
-            len(batches.corpus),
+            len(corpus),
             data.pack_source_length,
         )
 
