@@ -123,8 +123,10 @@ def _log_left_out(experiment: Experiment, split: str, corpus: TokenizedCorpus) -
     data.pack_source_length: every epoch leaves them out (their targets fit, as
     data.pack_length ≥ data.max_length)."""
     data = experiment.data
+    if not data.pack_source_length:
+        return
     left_out = int((corpus.src_lengths > data.pack_source_length).sum())
-    if data.pack_source_length and left_out:
+    if left_out:
         log.warning(
             "%s: %d of %d pairs have a source longer than data.pack_source_length=%d tokens "
             "and are left out",
