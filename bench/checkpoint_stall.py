@@ -24,9 +24,9 @@ import numpy as np
 
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.parallel import ParallelConfig
+from attnmt.parallel.memory import format_bytes, tree_bytes
 from attnmt.parallel.mesh import make_mesh
 from attnmt.parallel.sharding import put_batch
-from attnmt.train.preflight import format_bytes, tree_bytes
 from attnmt.train.program import build_program
 
 

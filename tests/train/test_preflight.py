@@ -10,9 +10,10 @@ import pytest
 from attnmt.config import Experiment
 from attnmt.errors import ConfigError
 from attnmt.model.param_count import count_parameters
+from attnmt.parallel.memory import device_memory_limit
 from attnmt.train.assemble import build_trainer
 from attnmt.train.loop import Trainer
-from attnmt.train.preflight import device_memory_limit, estimate_train_memory, memory_preflight
+from attnmt.train.preflight import estimate_train_memory, memory_preflight
 from tests.helpers import corpus_paths, tiny_experiment
 
 

@@ -19,6 +19,11 @@ class DecodeConfig:
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^α
     max_len_offset: int = 50  # maximum output length = input length + offset (§6.1)
     batch_sentences: int = 64
+    # Share of the device's memory (on a CPU the host's, which its devices share) one
+    # batch's search may hold, read from XLA's analysis of the compiled search on the
+    # longest inputs: a batch that needs more decodes fewer sentences at a time (a beam-21
+    # parser batch of 64 long sentences holds ≈11 GiB). 0 = no check.
+    memory_fraction: float = 0.5
     # Self-attention caches start with room for this many output positions and double
     # when a batch needs more (0 = room for the longest output from the start): steps then
     # attend over, and beam search reorders, about as many slots as are filled.
@@ -58,6 +63,11 @@ class DecodeConfig:
         if self.initial_cache_length < 0:
             raise ConfigError(
                 f"decode.initial_cache_length must be ≥ 0, got {self.initial_cache_length}"
+            )
+        if not 0 <= self.memory_fraction <= 1:
+            raise ConfigError(
+                f"decode.memory_fraction must be in [0, 1] (0 = no check), got "
+                f"{self.memory_fraction}"
             )
         if self.alpha < 0 or self.max_len_offset < 0:
             raise ConfigError("decode.alpha and decode.max_len_offset must be ≥ 0")

@@ -41,6 +41,7 @@ from attnmt.config.xla import compiler_options
 from attnmt.data.batching import bucket_lengths
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
+from attnmt.decode.batch_memory import agreed, fitting_sentences, per_device_budget
 from attnmt.decode.sharded import (
     data_parallel,
     decode_mesh,
@@ -48,6 +49,7 @@ from attnmt.decode.sharded import (
     padded_rows,
     put_rows,
     replicate,
+    row_shards,
 )
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.model import layout
@@ -438,6 +440,7 @@ class Translator:
         self._warn = warn or (lambda message: print(message, file=sys.stderr))
         # A grammar's trees have one leaf per whitespace-separated word of the input line.
         self._grammar = grammar
+        self._fitting: dict[int, int] = {}  # longest input bucket → sentences per batch
         self._decode = data_parallel(
             _search_rows(configs, decode, grammar, nbest),
             self.mesh,
@@ -506,21 +509,56 @@ class Translator:
         """(input index, its row of the search's host output) for every non-empty input."""
         sources = self._source_ids(lines, first_line)
         order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
-        batch = self.decode_config.batch_sentences
+        batch = self._sentences_per_batch(lines, sources, order, first_line)
         for start in range(0, len(order), batch):
             chunk = order[start : start + batch]
-            placed = self._rows(lines, sources, chunk, first_line)
+            placed = self._rows(lines, sources, chunk, first_line, batch)
             result = gather_rows(self._decode(self.params_list, *placed))
             for row, index in enumerate(chunk):
                 yield index, jax.tree.map(lambda x, row=row: x[row], result)
 
+    def _sentences_per_batch(
+        self, lines: Sequence[str], sources: list[list[int]], order: list[int], first_line: int
+    ) -> int:
+        """decode.batch_sentences, or fewer where a batch of the longest inputs would hold
+        more than decode.memory_fraction of the memory (attnmt.decode.batch_memory); found
+        once per longest input bucket."""
+        config = self.decode_config
+        batch = padded_rows(config.batch_sentences, self.mesh)
+        if not order or not config.memory_fraction:
+            return batch
+        longest = next(b for b in self.buckets if b >= len(sources[order[-1]]))
+        if longest not in self._fitting:
+            devices = list(self.mesh.devices.flat)
+            budget, where = per_device_budget(config.memory_fraction, devices)
+            rows = batch
+            if budget is not None:
+                beams = 1 if config.sample else config.beam_size
+                rows = fitting_sentences(
+                    lambda n: self._decode.lower(
+                        self.params_list, *self._rows(lines, sources, order[-n:], first_line, n)
+                    ).compile(),
+                    batch,
+                    row_shards(self.mesh),
+                    budget,
+                    self._warn,
+                    f"inputs up to {longest} tokens, beam {beams}; memory: {where}",
+                )
+            self._fitting[longest] = agreed(rows)
+        return self._fitting[longest]
+
     def _rows(
-        self, lines: Sequence[str], sources: list[list[int]], chunk: list[int], first_line: int
+        self,
+        lines: Sequence[str],
+        sources: list[list[int]],
+        chunk: list[int],
+        first_line: int,
+        batch: int,
     ) -> tuple[Any, ...]:
         """The search's row arguments for the inputs `chunk` (indices, shortest first), on
         the mesh: source ids padded to a bucket length, sampling keys and grammar inputs;
-        filler rows (empty, finished at once) up to a multiple of the row shards."""
-        rows = padded_rows(self.decode_config.batch_sentences, self.mesh)
+        filler rows (empty, finished at once) up to `batch` rounded to the row shards."""
+        rows = padded_rows(batch, self.mesh)
         length = next(b for b in self.buckets if b >= len(sources[chunk[-1]]))
         src = np.zeros((rows, length), np.int32)
         for row, index in enumerate(chunk):

@@ -9,12 +9,8 @@ cgroup limit (all CPU devices share the host's memory).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import math
-import os
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -23,22 +19,18 @@ import jax.numpy as jnp
 from attnmt.common import TOKEN_KEYS, batch_keys
 from attnmt.config.experiment import Experiment
 from attnmt.errors import ConfigError
+from attnmt.parallel.memory import (
+    NoMemoryAnalysisError,
+    compiled_peak_bytes,
+    compiled_stats,
+    device_memory_limit,
+    format_bytes,
+    tree_bytes,
+)
 from attnmt.parallel.sharding import RuledJit
 from attnmt.train.program import TrainProgram
 
 log = logging.getLogger("attnmt.train")
-
-_CGROUP_LIMITS = (
-    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
-    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
-)
-
-
-def format_bytes(count: int) -> str:
-    """1.50 GiB, 12.3 MiB: readable at every scale from the tiny test model to Big."""
-    if count >= 1024**3:
-        return f"{count / 1024**3:.2f} GiB"
-    return f"{count / 1024**2:.1f} MiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,37 +45,6 @@ class MemoryEstimate:
     def other_bytes(self) -> int:
         """Activations, gradients and temporaries: what scales with the batch."""
         return max(self.total_bytes - self.state_bytes, 0)
-
-
-def tree_bytes(tree: Any) -> int:
-    """Bytes of every array (or ShapeDtypeStruct) leaf in `tree`."""
-    return sum(
-        math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
-        for leaf in jax.tree_util.tree_leaves(tree)
-    )
-
-
-class NoMemoryAnalysisError(Exception):
-    """The backend compiled the step but reports no memory figures."""
-
-
-def _stats(compiled: Any) -> Any:
-    stats = compiled.memory_analysis()
-    if stats is None:
-        raise NoMemoryAnalysisError("this backend reports no compiled memory analysis")
-    return stats
-
-
-def _peak_bytes(compiled: Any) -> int:
-    stats = _stats(compiled)
-    # Donated arguments are aliased to outputs: count those bytes once.
-    return int(
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - stats.alias_size_in_bytes
-        + stats.temp_size_in_bytes
-        + stats.generated_code_size_in_bytes
-    )
 
 
 def estimate_train_memory(
@@ -110,9 +71,11 @@ def estimate_train_memory(
     }
     state_bytes = tree_bytes(abstract_state)
     if grad_accum_steps == 1:
-        total = _peak_bytes(train_step.compile(abstract_state, batch))
+        total = compiled_peak_bytes(train_step.compile(abstract_state, batch))
     else:
-        stats = _stats(grad_step.compile(abstract_state.params, batch, abstract_state.dropout_rng))
+        stats = compiled_stats(
+            grad_step.compile(abstract_state.params, batch, abstract_state.dropout_rng)
+        )
         total = (
             state_bytes
             + tree_bytes(abstract_state.params)
@@ -120,35 +83,6 @@ def estimate_train_memory(
             + stats.temp_size_in_bytes
         )
     return MemoryEstimate(shape=shape, state_bytes=state_bytes, total_bytes=int(total))
-
-
-def _host_memory_bytes() -> int | None:
-    limits = []
-    # Not POSIX, or not reported: no physical-memory figure.
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    for path in _CGROUP_LIMITS:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():  # "max" means no limit; v1 reports a huge number instead
-            limits.append(int(text))
-    return min(limits) if limits else None
-
-
-def device_memory_limit(device: jax.Device | None = None) -> tuple[int | None, str]:
-    """(bytes one device may use, a description of where that figure comes from)."""
-    device = device or jax.local_devices()[0]
-    try:
-        stats = device.memory_stats()
-    except (NotImplementedError, RuntimeError):  # some backends do not implement it
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"{device.device_kind} {device.id}"
-    if device.platform == "cpu":
-        return _host_memory_bytes(), "host memory (CPU)"
-    return None, device.platform
 
 
 def _remedies(experiment: Experiment, fitting_tokens: int | None) -> str:
