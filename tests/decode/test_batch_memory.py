@@ -98,7 +98,7 @@ def test_cpu_devices_share_the_host_budget(monkeypatch):
     monkeypatch.setattr(batch_memory, "device_memory_limit", lambda device: (8000, "host"))
     devices = jax.devices()
     budget, _ = batch_memory.per_device_budget(0.5, devices)
-    assert budget == int(0.5 * 8000 / len(devices))
+    assert budget == int(0.5 * (8000 // len(devices)))  # one host's memory, n devices
     assert batch_memory.per_device_budget(0.0, devices)[0] is None
 
 

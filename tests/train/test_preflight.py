@@ -101,6 +101,22 @@ def test_the_trainer_refuses_before_any_step(corpus, tmp_path):
     assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
 
 
+def test_cpu_devices_share_the_host_memory(trainer, monkeypatch):
+    """Every CPU device of the mesh draws on one host memory: a host that holds one step
+    but not one per device is refused."""
+    from attnmt.train import preflight
+
+    devices = list(trainer.program.mesh.devices.flat)
+    assert len(devices) > 1, "the suite runs on several fake CPU devices"
+    estimate = run_preflight(trainer, limit=1 << 50)
+    host = estimate.total_bytes * len(devices) - 1  # one byte short of a step per device
+    monkeypatch.setattr(preflight, "device_memory_limit", lambda device: (host, "host"))
+    with pytest.raises(ConfigError, match=f"shared by {len(devices)} CPU devices"):
+        run_preflight(trainer, limit=None)
+    monkeypatch.setattr(preflight, "device_memory_limit", lambda device: (host + 1, "host"))
+    assert run_preflight(trainer, limit=None) == estimate
+
+
 def test_cpu_limit_is_at_most_the_physical_memory():
     limit, where = device_memory_limit()
     assert where == "host memory (CPU)" and limit is not None and limit > 0

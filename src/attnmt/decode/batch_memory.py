@@ -25,16 +25,16 @@ from attnmt.parallel.memory import (
     compiled_stats,
     device_memory_limit,
     format_bytes,
+    shared_limit,
 )
 
 
 def per_device_budget(fraction: float, devices: list[jax.Device]) -> tuple[int | None, str]:
     """(bytes one device's share of a batch may take, where the figure comes from)."""
-    limit, where = device_memory_limit(devices[0])
+    limit, where = shared_limit(*device_memory_limit(devices[0]), devices)
     if limit is None or fraction <= 0:
         return None, where
-    sharing = sum(d.platform == "cpu" for d in devices if d.process_index == jax.process_index())
-    return int(fraction * limit / max(sharing, 1)), where
+    return int(fraction * limit), where
 
 
 def fitting_sentences(

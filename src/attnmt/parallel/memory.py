@@ -92,3 +92,14 @@ def device_memory_limit(device: jax.Device | None = None) -> tuple[int | None, s
     if device.platform == "cpu":
         return host_memory_bytes(), "host memory (CPU)"
     return None, device.platform
+
+
+def shared_limit(
+    limit: int | None, where: str, devices: list[jax.Device]
+) -> tuple[int | None, str]:
+    """(each device's share of `limit`, where it comes from): on a CPU every device of this
+    process draws on the same host memory, so each may count on 1/n of it."""
+    sharing = sum(d.platform == "cpu" and d.process_index == jax.process_index() for d in devices)
+    if limit is None or sharing <= 1:
+        return limit, where
+    return limit // sharing, f"{where}, shared by {sharing} CPU devices"

@@ -25,6 +25,7 @@ from attnmt.parallel.memory import (
     compiled_stats,
     device_memory_limit,
     format_bytes,
+    shared_limit,
     tree_bytes,
 )
 from attnmt.parallel.sharding import RuledJit
@@ -144,7 +145,8 @@ def memory_preflight(
     shape = max(shapes, key=lambda s: (s[1], s[0] * s[1]))
     where = "the given limit"
     if limit_bytes is None:
-        limit_bytes, where = device_memory_limit()
+        devices = list(program.mesh.devices.flat)
+        limit_bytes, where = shared_limit(*device_memory_limit(devices[0]), devices)
     try:
         estimate = estimate_train_memory(
             program.train_step,
