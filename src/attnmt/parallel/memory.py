@@ -3,7 +3,7 @@
 XLA's compiled memory analysis gives a program's bytes (its arguments, outputs and
 temporaries) before it runs; the device offers `bytes_limit` on GPU/TPU, and on CPU the
 smaller of physical memory and the cgroup limit, which all CPU devices share. Training's
-pre-flight (attnmt.train.preflight) and decoding's batch sizing (attnmt.decode.translate)
+pre-flight (attnmt.train.preflight) and decoding's batch sizing (attnmt.decode.batch_memory)
 both read them here.
 """
 
