@@ -34,6 +34,11 @@ class ModelConfig:
     num_layers: int = 6  # N, in both the encoder and the decoder stack
     dropout_rate: float = 0.1  # §5.4 residual dropout P_drop
     attention_dropout_rate: float = 0.0  # on attention weights; §6.3 tunes it
+    # Word dropout (not in the paper; Sennrich & Zhang 2019 for small data): in training,
+    # each source and decoder-input token's whole embedding is zeroed with this probability
+    # (the rest scaled by 1/(1-p)) before the positions are added, so the model must do
+    # without some words. 0 = off, and then the model is exactly the paper's.
+    word_dropout_rate: float = 0.0
     positional: Positional = "sinusoidal"  # "learned" is Table 3 row (E)
     max_length: int = 256  # longest position a learned embedding covers
     share_embeddings: bool = True  # §3.4: one matrix for source, target and pre-softmax
@@ -78,7 +83,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
-        for name in ("dropout_rate", "attention_dropout_rate"):
+        for name in ("dropout_rate", "attention_dropout_rate", "word_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")

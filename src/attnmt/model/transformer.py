@@ -84,6 +84,8 @@ class Transformer(nn.Module):
                 DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
             ]
         self.embedding_dropout = nn.Dropout(rate=cfg.dropout_rate)
+        # One mask value per token, shared by its features: a dropped word's embedding is 0.
+        self.word_dropout = nn.Dropout(rate=cfg.word_dropout_rate, broadcast_dims=(-1,))
         if cfg.norm_position == "pre":
             # Pre-norm leaves each stack's output un-normalised; one LayerNorm closes it.
             self.encoder_norm = layer_norm(cfg)
@@ -105,7 +107,10 @@ class Transformer(nn.Module):
         train: bool,
         positions: jax.Array | None = None,
     ) -> jax.Array:
-        x = encoding(self.embed(tokens), offset, positions)
+        embedded = self.embed(tokens)
+        if train and self.config.word_dropout_rate > 0:
+            embedded = self.word_dropout(embedded, deterministic=False)
+        x = encoding(embedded, offset, positions)
         # §5.4: dropout on the sums of the embeddings and the positional encodings.
         x = self.embedding_dropout(x, deterministic=not train)
         return constrain(x, (axes.BATCH, axes.LENGTH, axes.EMBED))
