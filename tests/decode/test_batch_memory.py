@@ -10,6 +10,7 @@ import types
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from attnmt.config.decode import DecodeConfig
@@ -19,7 +20,7 @@ from attnmt.decode.sharded import decode_mesh
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
 from attnmt.model.transformer import Transformer
-from attnmt.parallel.memory import NoMemoryAnalysisError, compiled_peak_bytes
+from attnmt.parallel.memory import NoMemoryAnalysisError, compiled_peak_bytes, per_device_bytes
 from tests.helpers import WORDS, tiny_model
 
 BEAM, OFFSET, BATCH = 3, 60, 32
@@ -146,3 +147,33 @@ def test_no_memory_analysis_keeps_the_batch():
 def test_memory_fraction_is_checked():
     with pytest.raises(ConfigError, match=r"decode\.memory_fraction"):
         DecodeConfig(memory_fraction=1.5)
+
+
+def test_memory_held_by_training_comes_off_the_budget(monkeypatch):
+    monkeypatch.setattr(batch_memory, "device_memory_limit", lambda device: (8000, "a limit"))
+    one = jax.devices()[:1]
+    # The smaller of the fraction and what the held bytes leave free.
+    assert batch_memory.per_device_budget(0.5, one, 1000)[0] == 4000
+    budget, where = batch_memory.per_device_budget(0.5, one, 6000)
+    assert budget == 2000 and "held by training" in where
+    assert batch_memory.per_device_budget(0.5, one, 9000)[0] == 0
+    assert batch_memory.per_device_budget(0.5, one, 0) == (4000, "a limit")
+
+
+def test_per_device_bytes_counts_each_devices_shard():
+    devices = np.array(jax.devices()[:4])
+    mesh = jax.sharding.Mesh(devices, ("data",))
+    spec = jax.sharding.PartitionSpec
+
+    def leaf(shape, partition):
+        sharding = jax.sharding.NamedSharding(mesh, partition)
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+
+    tree = {
+        "split": leaf((16, 3), spec("data")),  # 4 rows × 3 per device
+        "whole": leaf((5, 2), spec()),  # replicated: every device holds all 10
+        "plain": jax.ShapeDtypeStruct((7,), jnp.int8),  # no sharding: counted whole
+    }
+    assert per_device_bytes(tree) == 4 * 3 * 4 + 10 * 4 + 7
+    placed = jax.device_put(np.ones((16, 3), np.float32), tree["split"].sharding)
+    assert per_device_bytes(placed) == placed.addressable_shards[0].data.nbytes == 48

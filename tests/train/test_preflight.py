@@ -67,6 +67,12 @@ def test_estimate_counts_the_state_and_at_least_the_logits(trainer):
     assert estimate.other_bytes >= batch * length * model.vocab_size * 4
 
 
+def test_bleu_during_training_leaves_room_for_the_train_state(trainer):
+    params = count_parameters(trainer.experiment.model)["total"]
+    # The state of the test above, whole on every device of the data-parallel mesh.
+    assert trainer.validation.translator._reserved_bytes == 3 * 4 * params + 4 * 4 + 2 * 4
+
+
 def test_accumulation_also_holds_the_gradient_sums(trainer):
     abstract = trainer.program.abstract_state
     shape = trainer.shapes[-1]

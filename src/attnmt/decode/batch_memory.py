@@ -29,12 +29,21 @@ from attnmt.parallel.memory import (
 )
 
 
-def per_device_budget(fraction: float, devices: list[jax.Device]) -> tuple[int | None, str]:
-    """(bytes one device's share of a batch may take, where the figure comes from)."""
+def per_device_budget(
+    fraction: float, devices: list[jax.Device], reserved_bytes: int = 0
+) -> tuple[int | None, str]:
+    """(bytes one device's share of a batch may take, where the figure comes from).
+
+    `reserved_bytes` per device stay held by someone else while decoding runs (training's
+    state, when BLEU is measured during training): the budget is the smaller of the
+    fraction of the device and what that leaves free."""
     limit, where = shared_limit(*device_memory_limit(devices[0]), devices)
     if limit is None or fraction <= 0:
         return None, where
-    return int(fraction * limit), where
+    if reserved_bytes <= 0:
+        return int(fraction * limit), where
+    where = f"{where}, less {format_bytes(reserved_bytes)} held by training"
+    return max(0, min(int(fraction * limit), limit - reserved_bytes)), where
 
 
 def fitting_sentences(

@@ -416,6 +416,7 @@ class Translator:
         grammar: TreeGrammar | None = None,
         nbest: int = 0,
         mesh: Mesh | None = None,
+        reserved_bytes: int = 0,
     ) -> None:
         if not configs:
             raise ValueError("at least one model is needed")
@@ -441,6 +442,8 @@ class Translator:
         # A grammar's trees have one leaf per whitespace-separated word of the input line.
         self._grammar = grammar
         self._fitting: dict[int, int] = {}  # longest input bucket → sentences per batch
+        # Bytes per device that stay held while decoding (training's state, during training).
+        self._reserved_bytes = reserved_bytes
         self._decode = data_parallel(
             _search_rows(configs, decode, grammar, nbest),
             self.mesh,
@@ -530,7 +533,7 @@ class Translator:
         longest = next(b for b in self.buckets if b >= len(sources[order[-1]]))
         if longest not in self._fitting:
             devices = list(self.mesh.devices.flat)
-            budget, where = per_device_budget(config.memory_fraction, devices)
+            budget, where = per_device_budget(config.memory_fraction, devices, self._reserved_bytes)
             rows = batch
             if budget is not None:
                 beams = 1 if config.sample else config.beam_size

@@ -39,6 +39,17 @@ def tree_bytes(tree: Any) -> int:
     )
 
 
+def per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of `tree`'s leaves: a leaf with a sharding (an array, or a
+    ShapeDtypeStruct carrying one) counts its shard, a leaf without one counts whole."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        shape = leaf.shape if sharding is None else sharding.shard_shape(leaf.shape)
+        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
 class NoMemoryAnalysisError(Exception):
     """The backend compiled the program but reports no memory figures."""
 

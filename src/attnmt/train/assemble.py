@@ -18,6 +18,7 @@ from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
 from attnmt.metrics import MetricsSink
+from attnmt.parallel.memory import per_device_bytes
 from attnmt.parallel.mesh import make_mesh
 from attnmt.storage import Path, as_path
 from attnmt.train import step as steps
@@ -145,8 +146,15 @@ def _initial_state(
 
 def _validation(program: TrainProgram, inputs: TrainInputs) -> Validation:
     experiment = program.experiment
-    # Parameters are handed over at each BLEU pass (Validation.bleu).
-    translator = Translator([experiment.model], [None], inputs.tokenizer, experiment.decode)
+    # Parameters are handed over at each BLEU pass (Validation.bleu). The train state stays
+    # on the devices while it decodes, so decoding's memory budget leaves room for it.
+    translator = Translator(
+        [experiment.model],
+        [None],
+        inputs.tokenizer,
+        experiment.decode,
+        reserved_bytes=per_device_bytes(program.abstract_state),
+    )
     split, shapes = inputs.evaluation if inputs.evaluation is not None else (None, [])
     return Validation(program, split, shapes, inputs.bleu_pairs, translator)
 
