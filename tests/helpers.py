@@ -43,6 +43,17 @@ def tiny_model(**changes: Any) -> ModelConfig:
     return ModelConfig(**{**_TINY_MODEL, **changes})
 
 
+def random_params(config: ModelConfig, seed: int) -> Any:
+    """Freshly initialised (untrained) parameters of a Transformer with `config`."""
+    import flax.linen as nn
+
+    from attnmt.model.transformer import Transformer
+
+    tokens = jnp.ones((1, 8), jnp.int32)
+    init = jax.jit(Transformer(config).init)  # one compile, not one per operation
+    return nn.meta.unbox(init(jax.random.PRNGKey(seed), tokens, tokens)["params"])
+
+
 # A one-layer width-32 Transformer: any config becomes a model that compiles in seconds.
 TINY_MODEL_OVERRIDES = [
     "--config.model.d_model=32",

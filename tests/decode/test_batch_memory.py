@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import types
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,9 +18,8 @@ from attnmt.decode import batch_memory
 from attnmt.decode.sharded import decode_mesh
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
-from attnmt.model.transformer import Transformer
 from attnmt.parallel.memory import NoMemoryAnalysisError, compiled_peak_bytes, per_device_bytes
-from tests.helpers import WORDS, tiny_model
+from tests.helpers import WORDS, random_params, tiny_model
 
 BEAM, OFFSET, BATCH = 3, 60, 32
 
@@ -35,9 +33,7 @@ def setup(tmp_path_factory):
     # Wide enough, with outputs up to input + 60, that the beams' caches outweigh the
     # fixed costs (parameters, code): memory then grows with the batch.
     config = tiny_model(vocab_size=48, num_layers=1, d_model=64, d_k=32, d_v=32, max_length=96)
-    tokens = jnp.ones((1, 8), jnp.int32)
-    init = jax.jit(Transformer(config).init)
-    params = nn.meta.unbox(init(jax.random.PRNGKey(0), tokens, tokens)["params"])
+    params = random_params(config, 0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 7))) for _ in range(40)]
     return config, params, Tokenizer.load(path), lines
 

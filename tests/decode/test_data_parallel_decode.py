@@ -22,7 +22,7 @@ from attnmt.decode.translate import Translator
 from attnmt.decode.tree_grammar import TreeGrammar
 from attnmt.parallel.mesh import FSDP, MESH_AXES
 from attnmt.workdir import load_run
-from tests.helpers import LOGIT_ATOL, WORDS, tiny_model
+from tests.helpers import LOGIT_ATOL, WORDS, random_params, tiny_model
 
 # 11 lines (not a multiple of 8), the fifth empty, lengths mixed so the batches (sorted by
 # length) do not follow the input order.
@@ -167,7 +167,7 @@ def test_tree_grammar_parses_on_a_mesh_equal_one_device(parsing_tokenizer):
     """A random model under the copying tree grammar (words as leaves, the grammar's row
     inputs split over the mesh too): the same trees as one device."""
     config = tiny_model(vocab_size=48, num_layers=1, max_length=24)
-    params = _random_params(config)
+    params = random_params(config, 3)
     grammar = TreeGrammar.from_symbols(parsing_tokenizer.whole_words(), 48, copy_words=True)
     decode = DecodeConfig(
         beam_size=2, max_len_offset=12, batch_sentences=4, xla_backend_optimization_level=0
@@ -188,17 +188,6 @@ def test_tree_grammar_parses_on_a_mesh_equal_one_device(parsing_tokenizer):
     }
     assert trees["eight"] == trees["one"]
     assert trees["one"][4] == "" and all(trees["one"][i] for i in range(11) if i != 4)
-
-
-def _random_params(config):
-    import flax.linen as nn
-    import jax.numpy as jnp
-
-    from attnmt.model.transformer import Transformer
-
-    tokens = jnp.ones((1, 8), jnp.int32)
-    init = jax.jit(Transformer(config).init)
-    return nn.meta.unbox(init(jax.random.PRNGKey(3), tokens, tokens)["params"])
 
 
 @pytest.mark.parametrize(

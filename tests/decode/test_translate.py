@@ -3,7 +3,6 @@
 import functools
 import io
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +15,7 @@ from attnmt.config.xla import compiler_options
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.decode.translate import Translator, decode_batch
 from attnmt.model.transformer import Transformer
-from tests.helpers import tiny_model
+from tests.helpers import random_params, tiny_model
 
 WORDS = "the a dog cat runs sits on mat red blue big small house tree".split()  # noqa: SIM905
 
@@ -32,16 +31,10 @@ def tokenizer(tmp_path_factory):
     return Tokenizer.load(path)
 
 
-def _init_params(config: ModelConfig, seed: int):
-    tokens = jnp.ones((1, 8), jnp.int32)
-    init = jax.jit(Transformer(config).init)  # one compile, not one per operation
-    return nn.meta.unbox(init(jax.random.PRNGKey(seed), tokens, tokens)["params"])
-
-
 @pytest.fixture(scope="module")
 def model_and_params(tokenizer):
     config = tiny_model(vocab_size=48, num_layers=1, max_length=24)
-    return config, _init_params(config, 0)
+    return config, random_params(config, 0)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +177,7 @@ def test_cached_search_with_beam_invariant_cross_attention_matches_brute_force(
 def test_ensemble_with_growing_caches_matches_full_caches(model_and_params):
     # An ensemble carries a tuple of caches; growing must reach every member's.
     config, params = model_and_params
-    other = _init_params(config, 1)
+    other = random_params(config, 1)
     src = jnp.array([[5, 9, 7, EOS_ID, PAD_ID], [11, 6, 8, 12, EOS_ID]])
     kwargs = dict(beam_size=2, alpha=0.6, max_len_offset=6, max_positions=None)
     configs, both = [config, config], [params, other]
