@@ -299,3 +299,30 @@ def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, cap
     (reversal_corpus / "test.src").unlink()  # a corpus without a test split: said, not fatal
     assert main([*argv, *reversal_overrides(reversal_corpus, 30)]) == 0
     assert "no test BLEU" in capsys.readouterr().out
+
+
+def test_bpe_dropout_trains_and_a_resumed_run_ends_bit_for_bit_where_one_run_does(
+    reversal_corpus, tmp_path
+):
+    """data.subword_dropout: each epoch segmented anew on the input thread; stopping after
+    25 updates (inside an epoch) and resuming gives the same parameters as one run."""
+    overrides = [
+        *reversal_overrides(reversal_corpus, 60),
+        "--config.data.pack_length=16",
+        "--config.data.subword_dropout=0.3",
+        "--config.train.checkpoint_every_steps=25",
+    ]
+    one_run = build_trainer(tiny_experiment(overrides), tmp_path / "one")
+    initial = one_run.evaluate()
+    one_run.run()
+    assert one_run.evaluate()["nll"] < 0.8 * initial["nll"]
+    assert one_run.train_batches.epoch >= 2  # the resumed part crosses epochs
+    stopped = build_trainer(
+        tiny_experiment([*overrides, "--config.train.num_steps=25"]), tmp_path / "two"
+    )
+    assert stopped.run().step == 25
+    resumed = build_trainer(tiny_experiment(overrides), tmp_path / "two")
+    assert resumed.run().step == 60
+    leaves = jax.tree_util.tree_leaves
+    for got, want in zip(leaves(resumed.state.params), leaves(one_run.state.params), strict=True):
+        assert np.array_equal(np.asarray(got), np.asarray(want))

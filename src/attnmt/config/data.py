@@ -36,6 +36,12 @@ class DataConfig:
     vocab_kind: Literal["sentencepiece", "pair"] = "sentencepiece"
     vocab_model_type: Literal["bpe", "unigram"] = "bpe"
     vocab_max_sentences: int = 2_000_000
+    # >0: BPE-dropout (Provilkov et al., 2020) on the training split: each epoch segments
+    # the text anew, every merge skipped with this probability (0.1 in the paper), the same
+    # for every process and on resume (train.seed, the epoch); validation, test and
+    # decoding keep the standard segmentation. The text is held in memory and tokenized
+    # again at each epoch's start (attnmt.data.subword_sampling). A `bpe` vocabulary only.
+    subword_dropout: float = 0.0
     # Where tokenized splits are cached ("" = <workdir>/data): a local folder or gs://…
     # shared by a sweep's runs; each split is tokenized once per key (attnmt.data.token_cache)
     cache_dir: str = ""
@@ -100,5 +106,19 @@ class DataConfig:
             )
         if self.min_bucket_length > self.max_length:
             raise ConfigError("data.min_bucket_length must not exceed data.max_length")
+        if not 0.0 <= self.subword_dropout <= 1.0:
+            raise ConfigError(
+                f"data.subword_dropout={self.subword_dropout} must be in [0, 1] (0: off)"
+            )
+        if self.subword_dropout and (
+            self.vocab_kind != "sentencepiece"
+            or self.vocab_model_type != "bpe"
+            or self.source == "treebank"
+        ):
+            raise ConfigError(
+                "data.subword_dropout (BPE-dropout) needs data.vocab_kind='sentencepiece' "
+                "with data.vocab_model_type='bpe', and translation data: a tree's symbols and "
+                "copied words must keep one segmentation on both sides"
+            )
         if self.source == "treebank":  # read with a local folder walk (attnmt.data.parsing)
             local_only(self.data_dir, "treebank data.data_dir")

@@ -348,11 +348,15 @@ class BatchIterator:
     an epoch draws its example order at its start and packs each
     batch when it is drawn (on the training loop's prefetch thread), so no epoch is
     planned ahead and a saved position (``packed_offset``) resumes at once.
+
+    ``corpus`` may instead be a function of the epoch number that returns that epoch's
+    corpus (attnmt.data.subword_sampling: a new segmentation each epoch); it must return
+    the same corpus for the same epoch wherever it runs, as a saved position relies on it.
     """
 
     def __init__(
         self,
-        corpus: TokenizedCorpus,
+        corpus: TokenizedCorpus | Callable[[int], TokenizedCorpus],
         shapes: list[tuple[int, int]],
         seed: int,
         shuffle: bool = True,
@@ -376,7 +380,9 @@ class BatchIterator:
             )
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        self.corpus = corpus
+        self._corpus_of = corpus if callable(corpus) else lambda _epoch: corpus
+        self._epoch = 0
+        corpus = self.corpus
         self.shapes = list(shapes)
         self.shuffle = shuffle
         self.repeat = repeat
@@ -386,6 +392,7 @@ class BatchIterator:
         self.source_length = pack_source_length or (self.shapes[0][1] if pack else None)
         if self.source_length is not None and self.source_length < 1:
             raise ValueError(f"pack_source_length must be positive, got {pack_source_length}")
+        # Of the first epoch (a corpus per epoch may keep a few more or fewer).
         if pack:
             self.examples_per_epoch = int(self.fits_a_row().sum())
         else:
@@ -397,7 +404,6 @@ class BatchIterator:
                 f"({self.shapes[-1][1]} tokens); an endless iterator would never yield"
             )
         self._seed = seed
-        self._epoch = 0
         self._index = 0
         self._plan: list[PlannedBatch] | None = None  # bucketed: the epoch's batches
         # Packed: where in the epoch's order the next batch starts (None: not known yet,
@@ -405,6 +411,11 @@ class BatchIterator:
         self._offset: int | None = 0
         self._packer: EpochPacker | None = None
         self._order: tuple[tuple[int, int, bool], np.ndarray] | None = None
+
+    @property
+    def corpus(self) -> TokenizedCorpus:
+        """The current epoch's corpus."""
+        return self._corpus_of(self._epoch)
 
     def fits_a_row(self) -> np.ndarray:
         """Packed: which examples fit a row on both sides (the others are left out)."""
@@ -527,7 +538,7 @@ class BatchIterator:
         if epoch < 0 or index < 0 or seed < 0:
             raise ValueError(f"bad iterator state {state!r}: values must be >= 0")
         if self.pack and offset is not None:
-            _check_offset(state, offset, index, len(self.corpus))
+            _check_offset(state, offset, index, len(self._corpus_of(epoch)))
         self._start_epoch(epoch)
         self._index, self._seed = index, seed
         if self.pack and index > 0:

@@ -221,6 +221,11 @@ class Tokenizer(SpecialIds):
         # of a pool that already has one process per core (attnmt.data.token_cache) uses 1.
         self.threads = threads
 
+    @property
+    def processor(self) -> spm.SentencePieceProcessor:
+        """The sentencepiece model (attnmt.data.subword_sampling samples with it)."""
+        return self._sp
+
     def single_threaded(self) -> Tokenizer:
         """The same vocabulary, whose batches are encoded on one thread."""
         return Tokenizer(self._sp, self.path, threads=1)

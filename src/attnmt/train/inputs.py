@@ -20,6 +20,7 @@ from attnmt.data.batching import bucket_shapes
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
 from attnmt.data.prepare import ensure_vocab, iter_split, tokenized_split, vocab_path
 from attnmt.data.sources import multi30k_recorded_dir
+from attnmt.data.subword_sampling import EpochCorpora
 from attnmt.data.token_cache import Processes
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.errors import ConfigError, DataError
@@ -80,9 +81,20 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     vocab_file = vocab_path(data, workdir)
     # Every process tokenizes its shards of each split into the shared cache.
     processes = Processes(jax.process_index(), jax.process_count(), _barrier)
-    corpus, stats = tokenized_split(
-        data, vocab_file, tokenizer, data.train_split, workdir, processes
-    )
+    corpus: TokenizedCorpus | EpochCorpora
+    if data.subword_dropout:
+        assert isinstance(tokenizer, Tokenizer)  # DataConfig allows only a sentencepiece one
+        pairs = list(iter_split(data, data.train_split))
+        corpus = EpochCorpora(pairs, tokenizer, data.max_length, data.subword_dropout, train.seed)
+        stats = corpus.tokenize(0)[1]
+        log.info(
+            "BPE-dropout %.2f: each epoch's training split is segmented anew (epoch 0 below)",
+            data.subword_dropout,
+        )
+    else:
+        corpus, stats = tokenized_split(
+            data, vocab_file, tokenizer, data.train_split, workdir, processes
+        )
     log.info("training pairs %s", _usable(experiment, data.train_split, stats))
     plan = batch_plan(experiment, mesh.shape[DATA] * mesh.shape[FSDP], jax.process_count())
     log.info("mesh %s over %d device(s); %s", dict(mesh.shape), mesh.size, plan.describe())
@@ -95,7 +107,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     batches = BatchIterator(
         corpus, plan.update_shapes, seed=train.seed, **packing_options(experiment), **shard
     )
-    _log_left_out(experiment, data.train_split, corpus)
+    _log_left_out(experiment, data.train_split, batches.corpus)
     evaluation = None
     if train.eval_every_steps and data.eval_split:
         eval_corpus, eval_stats = tokenized_split(
