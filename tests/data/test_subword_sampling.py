@@ -64,6 +64,18 @@ def test_every_sampled_segmentation_spells_the_sentence(tokenizer, corpus_pairs)
     assert sum(a != b for a, b in zip(standard, sampled, strict=True)) > len(texts) // 4
 
 
+def test_source_only_keeps_the_targets_standard_segmentation(tokenizer, corpus_pairs) -> None:
+    epochs = EpochCorpora(corpus_pairs, tokenizer, 64, dropout=0.3, seed=1, target=False)
+    corpus, standard = epochs(2), TokenizedCorpus.from_pairs(corpus_pairs, tokenizer, 64)[0]
+    assert len(corpus) == len(standard)  # pairs of a few words: none reaches 64 tokens
+    sources_differ = 0
+    for i in range(len(corpus)):
+        (src, tgt), (plain_src, plain_tgt) = corpus.example(i), standard.example(i)
+        np.testing.assert_array_equal(tgt, plain_tgt)
+        sources_differ += not np.array_equal(src, plain_src)
+    assert sources_differ > len(corpus) // 4
+
+
 def test_dropout_one_skips_every_merge(tokenizer, corpus_pairs) -> None:
     texts = [s for s, _ in corpus_pairs[:50]]
     for ids in SampledTokenizer(tokenizer, 1.0, seed=3, epoch=0).encode_batch(texts):

@@ -42,6 +42,9 @@ class DataConfig:
     # decoding keep the standard segmentation. The text is held in memory and tokenized
     # again at each epoch's start (attnmt.data.subword_sampling). A `bpe` vocabulary only.
     subword_dropout: float = 0.0
+    # False: BPE-dropout on the source side only; targets keep the standard segmentation,
+    # so the decoder learns the one it is scored and decodes with.
+    subword_dropout_target: bool = True
     # Where tokenized splits are cached ("" = <workdir>/data): a local folder or gs://…
     # shared by a sweep's runs; each split is tokenized once per key (attnmt.data.token_cache)
     cache_dir: str = ""

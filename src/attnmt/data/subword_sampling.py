@@ -46,7 +46,9 @@ class SampledTokenizer:
     rate `dropout`; the draws of all its calls form one stream seeded by (seed, epoch),
     so the same sequence of calls gives the same ids anywhere."""
 
-    def __init__(self, tokenizer: Tokenizer, dropout: float, seed: int, epoch: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, dropout: float, seed: int, epoch: int, target: bool = True
+    ) -> None:
         if not 0.0 <= dropout <= 1.0:  # 0: standard BPE; 1: characters only
             raise ValueError(f"BPE-dropout must be in [0, 1], got {dropout}")
         self._tokenizer = tokenizer
@@ -55,6 +57,7 @@ class SampledTokenizer:
         self._ids = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
         self._unknown = sp.unk_id()
         self._dropout = dropout
+        self._target = target  # False: targets get the standard segmentation
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
         self._draws: list[float] = []
         self._next = 0
@@ -114,6 +117,8 @@ class SampledTokenizer:
         return [self._encode(chars) for chars in self._characters(texts)]
 
     def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        if not self._target:
+            return self._tokenizer.encode_target_batch(texts)
         return self.encode_batch(texts)
 
 
@@ -129,19 +134,23 @@ class EpochCorpora:
         max_length: int,
         dropout: float,
         seed: int,
+        target: bool = True,
     ) -> None:
         self.pairs = pairs
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.dropout = dropout
         self.seed = seed
+        self.target = target  # False: BPE-dropout on the source side only
         self._latest: tuple[int, TokenizedCorpus, FilterStats] | None = None
 
     def tokenize(self, epoch: int) -> tuple[TokenizedCorpus, FilterStats]:
         """Epoch `epoch`'s corpus and what its filtering (data.max_length) kept."""
         if self._latest is None or self._latest[0] != epoch:
             self._latest = None  # one epoch held at a time
-            sampled = SampledTokenizer(self.tokenizer, self.dropout, self.seed, epoch)
+            sampled = SampledTokenizer(
+                self.tokenizer, self.dropout, self.seed, epoch, target=self.target
+            )
             corpus, stats = TokenizedCorpus.from_pairs(self.pairs, sampled, self.max_length)
             self._latest = (epoch, corpus, stats)
         return self._latest[1], self._latest[2]

@@ -85,11 +85,20 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     if data.subword_dropout:
         assert isinstance(tokenizer, Tokenizer)  # DataConfig allows only a sentencepiece one
         pairs = list(iter_split(data, data.train_split))
-        corpus = EpochCorpora(pairs, tokenizer, data.max_length, data.subword_dropout, train.seed)
+        corpus = EpochCorpora(
+            pairs,
+            tokenizer,
+            data.max_length,
+            data.subword_dropout,
+            train.seed,
+            target=data.subword_dropout_target,
+        )
         stats = corpus.tokenize(0)[1]
         log.info(
-            "BPE-dropout %.2f: each epoch's training split is segmented anew (epoch 0 below)",
+            "BPE-dropout %.2f on the %s: each epoch's training split is segmented anew "
+            "(epoch 0 below)",
             data.subword_dropout,
+            "source and target" if data.subword_dropout_target else "source only",
         )
     else:
         corpus, stats = tokenized_split(
