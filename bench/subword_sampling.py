@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
 import time
+from pathlib import Path
 
 import common
 import numpy as np
@@ -29,14 +31,13 @@ def measure(
     dropouts: list[float], epochs: int, pairs_limit: int, data_dir: str | None, workdir: str | None
 ) -> list[dict]:
     from attnmt.data.pipeline import TokenizedCorpus
-    from attnmt.data.prepare import load_split
+    from attnmt.data.prepare import ensure_vocab, load_split
     from attnmt.data.subword_sampling import EpochCorpora
 
     experiment = common.load_experiment("configs/multi30k.py")
-    _, tokenizer = common.multi30k_corpus(experiment, data_dir, workdir)
-    data = experiment.data
-    if data_dir:
-        data = dataclasses.replace(data, data_dir=data_dir)
+    data = dataclasses.replace(experiment.data, data_dir=data_dir or experiment.data.data_dir)
+    folder = Path(workdir or tempfile.mkdtemp(prefix="attnmt-bench-"))
+    tokenizer = ensure_vocab(data, experiment.model.vocab_size, folder)
     pairs = load_split(data, data.train_split)[: pairs_limit or None]
     single = tokenizer.single_threaded()
     start = time.perf_counter()

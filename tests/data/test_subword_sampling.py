@@ -24,10 +24,6 @@ from attnmt.errors import ConfigError
 WORD_START = "▁"
 
 
-def _pieces(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    return tokenizer.pieces(ids)
-
-
 def _multi30k_texts(multi30k_dir: Path) -> list[str]:
     return [
         line.rstrip("\n")
@@ -58,7 +54,7 @@ def test_every_sampled_segmentation_spells_the_sentence(tokenizer, corpus_pairs)
     sampled = SampledTokenizer(tokenizer, 0.3, seed=0, epoch=0).encode_batch(texts)
     for text, plain, drawn in zip(texts, standard, sampled, strict=True):
         # The same characters, cut in other places.
-        assert "".join(_pieces(tokenizer, drawn)) == "".join(_pieces(tokenizer, plain)), text
+        assert "".join(tokenizer.pieces(drawn)) == "".join(tokenizer.pieces(plain)), text
     # Skipping merges can only leave more pieces than standard BPE's greedy merging.
     assert sum(map(len, sampled)) > sum(map(len, standard))
     assert sum(a != b for a, b in zip(standard, sampled, strict=True)) > len(texts) // 4
@@ -79,7 +75,7 @@ def test_source_only_keeps_the_targets_standard_segmentation(tokenizer, corpus_p
 def test_dropout_one_skips_every_merge(tokenizer, corpus_pairs) -> None:
     texts = [s for s, _ in corpus_pairs[:50]]
     for ids in SampledTokenizer(tokenizer, 1.0, seed=3, epoch=0).encode_batch(texts):
-        assert all(len(piece) == 1 for piece in _pieces(tokenizer, ids))
+        assert all(len(piece) == 1 for piece in tokenizer.pieces(ids))
 
 
 def _one_merge_word(tokenizer: Tokenizer) -> str:
