@@ -62,6 +62,7 @@ def run_attention(args: argparse.Namespace, overrides: Overrides) -> int:
 
 
 def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
+    from attnmt.data.text_form import TextForm
     from attnmt.decode.translate import decoding_model_config
     from attnmt.inspection.files import write_figures
     from attnmt.inspection.stats import format_table, head_statistics
@@ -72,7 +73,10 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
         translation = translator.translate([args.text])[0]
     try:
         model = decoding_model_config(run.experiment.model, translator.decode_config)
-        view = attention_view(model, run.params, run.tokenizer, args.text, translation)
+        # The model reads its data.text_form (lowercased tokens for "lc.norm.tok").
+        form = TextForm.of(run.experiment.data)
+        source, target = form.source(args.text), form.target(translation)
+        view = attention_view(model, run.params, run.tokenizer, source, target)
         rows = head_statistics([view])
         written = write_figures(
             view,
@@ -99,7 +103,7 @@ def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
 
     experiment = run.experiment
     split = args.split or experiment.data.eval_split
-    pairs = load_split(experiment.data, split)[: args.n]
+    pairs = load_split(experiment.data, split, as_trained=False)[: args.n]
     multi30k = experiment.data.source == "multi30k"
     metric = "multi30k_bleu" if multi30k else "sacrebleu"
 

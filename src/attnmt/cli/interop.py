@@ -36,6 +36,14 @@ def _cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
 
         out = export_ctranslate2(args.workdir, args.out, args.quantization or "float32", args.step)
     print(f"exported {args.workdir} as {args.format} to {out}")
+    from attnmt.workdir import load_experiment
+
+    form = load_experiment(args.workdir, args.step).data.text_form
+    if form != "raw":
+        print(
+            f"note: this run was trained with data.text_form={form!r}: the exported model "
+            "expects its input in that form (lowercased, Moses-tokenized) and emits it"
+        )
     return 0
 
 

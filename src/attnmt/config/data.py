@@ -45,6 +45,11 @@ class DataConfig:
     # False: BPE-dropout on the source side only; targets keep the standard segmentation,
     # so the decoder learns the one it is scored and decodes with.
     subword_dropout_target: bool = True
+    # "lc.norm.tok": train and translate on the text as the official Multi30K tok/ files
+    # have it (lowercased, punctuation-normalised, Moses-tokenized), the form published
+    # Multi30K results train on; sources take that form before translation and hypotheses
+    # are detokenized (still lowercase) after it (attnmt.data.text_form). Translation only.
+    text_form: Literal["raw", "lc.norm.tok"] = "raw"
     # Where tokenized splits are cached ("" = <workdir>/data): a local folder or gs://…
     # shared by a sweep's runs; each split is tokenized once per key (attnmt.data.token_cache)
     cache_dir: str = ""
@@ -122,6 +127,12 @@ class DataConfig:
                 "data.subword_dropout (BPE-dropout) needs data.vocab_kind='sentencepiece' "
                 "with data.vocab_model_type='bpe', and translation data: a tree's symbols and "
                 "copied words must keep one segmentation on both sides"
+            )
+        if self.text_form != "raw" and (self.source == "treebank" or self.vocab_kind == "pair"):
+            raise ConfigError(
+                f"data.text_form={self.text_form!r} is for translation with a vocabulary "
+                "trained here: a treebank's trees and an imported (vocab_kind='pair') model's "
+                "vocabulary keep their own text, so use data.text_form='raw'"
             )
         if self.source == "treebank":  # read with a local folder walk (attnmt.data.parsing)
             local_only(self.data_dir, "treebank data.data_dir")

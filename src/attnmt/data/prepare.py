@@ -11,6 +11,7 @@ from attnmt.config.data import DataConfig
 from attnmt.data import sources, token_cache
 from attnmt.data.pair_tokenizer import VOCAB_FILE, PairTokenizer
 from attnmt.data.pipeline import FilterStats, TokenizedCorpus
+from attnmt.data.text_form import TextForm
 from attnmt.data.token_cache import ONE_PROCESS, Layout, Processes
 from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.storage import Path, as_path
@@ -33,17 +34,22 @@ def _source_options(config: DataConfig) -> dict[str, str | None]:
     }
 
 
-def iter_split(config: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+def iter_split(
+    config: DataConfig, split: str, *, as_trained: bool = True
+) -> Iterator[tuple[str, str]]:
     """One split's (source, target) sentence pairs, streamed where the source allows it
-    (attnmt.data.sources.iter_pairs); problems opening it raise here."""
+    (attnmt.data.sources.iter_pairs); problems opening it raise here. `as_trained`: in the
+    run's data.text_form (what the vocabulary and the token caches see); False: as read
+    (what translation takes and scores are computed against)."""
     config.require_source_keys()
     options = _source_options(config)
-    return sources.iter_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
+    pairs = sources.iter_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
+    return TextForm.of(config).pairs(pairs) if as_trained else pairs
 
 
-def load_split(config: DataConfig, split: str) -> list[tuple[str, str]]:
+def load_split(config: DataConfig, split: str, *, as_trained: bool = True) -> list[tuple[str, str]]:
     """Reads one split's (source, target) sentence pairs from the configured source."""
-    return list(iter_split(config, split))
+    return list(iter_split(config, split, as_trained=as_trained))
 
 
 def vocab_path(config: DataConfig, workdir: Path) -> Path:
@@ -102,7 +108,8 @@ def cache_folder(
 ) -> Path:
     """Where a split's token cache lives: under data.cache_dir ("" = <workdir>/data), in a
     folder named by a digest of everything that changes the tokens (source, split,
-    languages, treebank options, the vocabulary's bytes, max_length, the cache format)."""
+    languages, treebank options, the text's form, the vocabulary's bytes, max_length, the
+    cache format)."""
     key = json.dumps(
         [
             config.source,
@@ -115,6 +122,7 @@ def cache_folder(
             config.treebank_splits,
             config.treebank_pos,
             config.treebank_leaves,
+            *([config.text_form] if config.text_form != "raw" else []),
             split,
             config.max_length,
             token_cache.FORMAT,

@@ -62,7 +62,8 @@ def score(
     sacre = sacre_bleu(hypotheses, references)
     tokenized = tokenized_bleu(hypotheses, references, lang=lang)
     m30k = None
-    if experiment.data.source == "multi30k":
+    # A run trained on lowercased tokens (data.text_form) is scored this way on any data.
+    if experiment.data.source == "multi30k" or experiment.data.text_form != "raw":
         # The official tok/*.lc.norm.tok.* references are exactly this preprocessing of
         # the raw references (checked in tests), so downloaded data scores the same way.
         m30k = multi30k_bleu(hypotheses, multi30k_tokenize(references, lang=lang), lang=lang)
@@ -90,7 +91,7 @@ def evaluate_split(
     the hypotheses.
     """
     main = runs[0]
-    pairs = load_split(main.experiment.data, split)
+    pairs = load_split(main.experiment.data, split, as_trained=False)
     sources = [src for src, _ in pairs]
     references = [tgt for _, tgt in pairs]
     translator = Translator.from_runs(runs, decode)

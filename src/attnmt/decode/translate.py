@@ -39,6 +39,7 @@ from attnmt.config.decode import DecodeConfig
 from attnmt.config.model import ModelConfig
 from attnmt.config.xla import compiler_options
 from attnmt.data.batching import bucket_lengths
+from attnmt.data.text_form import TextForm
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.batch_memory import agreed, fitting_sentences, per_device_budget
@@ -417,6 +418,7 @@ class Translator:
         nbest: int = 0,
         mesh: Mesh | None = None,
         reserved_bytes: int = 0,
+        text_form: TextForm | None = None,
     ) -> None:
         if not configs:
             raise ValueError("at least one model is needed")
@@ -426,6 +428,8 @@ class Translator:
             )
         self.tokenizer = tokenizer
         self.decode_config = decode
+        # Sources take the form the model trained on; hypotheses come back as plain text.
+        self.text_form = text_form or TextForm()
         self.nbest = nbest
         # Sentences are split over every device of every process unless given a mesh (a
         # one-device mesh decodes as a single device would).
@@ -457,7 +461,8 @@ class Translator:
         there are several; the first one's tokenizer); `options` as for the constructor."""
         models = [run.experiment.model for run in runs]
         params = [run.params for run in runs]
-        return cls(models, params, runs[0].tokenizer, decode, **options)
+        form = TextForm.of(runs[0].experiment.data)
+        return cls(models, params, runs[0].tokenizer, decode, text_form=form, **options)
 
     def set_params(self, params_list: Sequence[Any]) -> None:
         """The parameters to translate with, one per model, as training stores them (None:
@@ -473,7 +478,7 @@ class Translator:
     def _source_ids(self, lines: Sequence[str], first_line: int) -> list[list[int]]:
         encoded = []
         for offset, line in enumerate(lines):
-            ids = self.tokenizer.encode(line) if line.strip() else []
+            ids = self.tokenizer.encode(self.text_form.source(line)) if line.strip() else []
             if len(ids) + 1 > self.max_source_length:
                 self._warn(
                     f"warning: line {first_line + offset}: {len(ids) + 1} tokens exceed the "
@@ -490,7 +495,7 @@ class Translator:
             return [best[0].text for best in self.translate_nbest(lines, first_line)]
         outputs = [""] * len(lines)
         for index, ids in self._decoded(lines, first_line):
-            outputs[index] = self.tokenizer.decode(ids.tolist())
+            outputs[index] = self.text_form.output(self.tokenizer.decode(ids.tolist()))
         return outputs
 
     def translate_nbest(self, lines: Sequence[str], first_line: int = 1) -> list[list[Hypothesis]]:
@@ -503,7 +508,7 @@ class Translator:
         for index, (sequences, scores, log_probs) in self._decoded(lines, first_line):
             texts = self.tokenizer.decode_batch(sequences.tolist())
             outputs[index] = [
-                Hypothesis(text, float(score), float(log_prob))
+                Hypothesis(self.text_form.output(text), float(score), float(log_prob))
                 for text, score, log_prob in zip(texts, scores, log_probs, strict=True)
             ]
         return outputs

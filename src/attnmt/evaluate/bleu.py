@@ -17,14 +17,13 @@ This module deliberately has no JAX dependency: it runs on plain strings.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from attnmt.data.text_form import lc_norm_tok, moses_tokenizer
 from attnmt.errors import DataError
 
 __all__ = [
@@ -104,17 +103,6 @@ def sacre_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> BleuResu
     return _corpus_bleu(hypotheses, references, BLEU())
 
 
-@functools.cache
-def _moses_tokenizer(lang: str) -> MosesTokenizer:
-    # Building a tokenizer compiles dozens of regexes; reuse one per language.
-    return MosesTokenizer(lang=lang)
-
-
-@functools.cache
-def _moses_normalizer(lang: str) -> MosesPunctNormalizer:
-    return MosesPunctNormalizer(lang=lang)
-
-
 def split_compounds_atat(line: str) -> str:
     """tensor2tensor compound splitting: ``Vorstands-Chef`` -> ``Vorstands ##AT##-##AT## Chef``.
 
@@ -144,7 +132,7 @@ def tokenized_bleu(
     _check_pairs(hypotheses, references)
     if split_compounds is None:
         split_compounds = lang == "de"
-    tokenizer = _moses_tokenizer(lang)
+    tokenizer = moses_tokenizer(lang)
 
     def prepare(line: str) -> str:
         tokens = tokenizer.tokenize(line, escape=False, return_str=True)
@@ -159,21 +147,9 @@ def tokenized_bleu(
 
 
 def multi30k_tokenize(lines: Sequence[str], *, lang: str) -> list[str]:
-    """Reproduces the Multi30K ``tok/*.lc.norm.tok.<lang>`` preprocessing.
-
-    The official files were made with ``lowercase.perl | normalize-punctuation.perl -l <lang> |
-    tokenizer.perl -l <lang>``, i.e. *with* the tokenizer's default XML escaping (``'`` becomes
-    ``&apos;``, ``"`` becomes ``&quot;``), so we escape too: otherwise every apostrophe and quote
-    in a hypothesis would fail to match the references. The Perl scripts see each line with its
-    newline, which one normalisation rule (moving ``"`` before a final ``.`` for non-English
-    text) depends on, so the newline is added for normalisation and stripped afterwards.
-    """
-    normalizer, tokenizer = _moses_normalizer(lang), _moses_tokenizer(lang)
-    out = []
-    for line in lines:
-        normalized = normalizer.normalize(line.lower() + "\n").strip()
-        out.append(tokenizer.tokenize(normalized, escape=True, return_str=True))
-    return out
+    """Reproduces the Multi30K ``tok/*.lc.norm.tok.<lang>`` preprocessing (with XML
+    escaping, as the official files have it: attnmt.data.text_form.lc_norm_tok)."""
+    return [lc_norm_tok(line, lang) for line in lines]
 
 
 def multi30k_bleu(

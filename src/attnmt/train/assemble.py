@@ -14,6 +14,7 @@ import jax
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.experiment import Experiment
 from attnmt.data.pipeline import BatchIterator
+from attnmt.data.text_form import TextForm
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
@@ -154,6 +155,7 @@ def _validation(program: TrainProgram, inputs: TrainInputs) -> Validation:
         inputs.tokenizer,
         experiment.decode,
         reserved_bytes=per_device_bytes(program.abstract_state),
+        text_form=TextForm.of(experiment.data),
     )
     split, shapes = inputs.evaluation if inputs.evaluation is not None else (None, [])
     return Validation(program, split, shapes, inputs.bleu_pairs, translator)

@@ -128,7 +128,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
         _log_left_out(experiment, data.eval_split, eval_corpus)
     bleu_pairs: list[tuple[str, str]] = []
     if train.bleu_every_steps and data.eval_split:
-        pairs = iter_split(data, data.eval_split)
+        pairs = iter_split(data, data.eval_split, as_trained=False)
         bleu_pairs = list(itertools.islice(pairs, train.bleu_max_sentences or None))
     return TrainInputs(workdir, tokenizer, batches, plan, evaluation, bleu_pairs)
 

@@ -1,0 +1,93 @@
+"""A run with data.text_form = "lc.norm.tok" trains on lowercased Moses tokens, translates raw
+sentences and writes plain (detokenized, lowercase) text that scores as the tok/ form."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from attnmt.cli.main import main
+from attnmt.data.text_form import TextForm
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decode.translate import Translator
+from attnmt.evaluate.bleu import multi30k_bleu, multi30k_tokenize
+from attnmt.workdir import load_run
+from tests.helpers import EN, sentences, translation
+
+
+def _cased(line: str) -> str:
+    """ "a man runs ." → "A man runs." (raw text, as a corpus has it)."""
+    text = line.removesuffix(" .") + "."
+    return text[0].upper() + text[1:]
+
+
+def _write(folder: Path, splits: dict[str, list[str]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, lines in splits.items():
+        (folder / f"{split}.en").write_text("".join(_cased(s) + "\n" for s in lines))
+        de = "".join(_cased(translation(s)) + "\n" for s in lines)
+        (folder / f"{split}.de").write_text(de, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.slow
+def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys):
+    splits = {"train": sentences(EN, 2000, 31), "dev": sentences(EN, 32, 32)}
+    corpus = _write(tmp_path / "corpus", splits)
+    workdir = tmp_path / "run"
+    argv = [
+        "train",
+        "--config",
+        "configs/tiny.py",
+        "--workdir",
+        str(workdir),
+        f"--config.data.src_path={corpus}/{{split}}.{{src}}",
+        f"--config.data.tgt_path={corpus}/{{split}}.{{tgt}}",
+        "--config.data.src_lang=en",
+        "--config.data.tgt_lang=de",
+        "--config.data.text_form=lc.norm.tok",
+        "--config.data.max_length=24",
+        "--config.data.min_bucket_length=24",  # one compiled shape
+        "--config.data.test_split=",
+        "--config.train.num_steps=200",
+        "--config.train.eval_every_steps=0",
+        "--config.train.checkpoint_every_steps=200",
+        "--config.train.memory_preflight=false",
+        "--config.train.xla_backend_optimization_level=0",
+        "--config.optim.warmup_steps=30",
+        "--config.optim.learning_rate_scale=1.0",
+    ]
+    assert main(argv) == 0
+
+    # The vocabulary was trained on the lowercased, tokenized text.
+    pieces = Tokenizer.load(workdir / "vocab.model").processor
+    vocab = [pieces.id_to_piece(i) for i in range(pieces.get_piece_size())]
+    assert not any(any(c.isupper() for c in p) for p in vocab if not p.startswith("<"))
+
+    # Sources take the form before encoding: casing and attached punctuation change nothing.
+    run = load_run(workdir)
+    translator = Translator.from_runs([run], run.experiment.decode)
+    raw = ["A man runs on the street.", "a MAN runs ON the street ."]
+    sources = (corpus / "dev.en").read_text().splitlines()
+    first, second = translator.translate(raw)
+    assert first == second
+    assert first == first.lower() and not first.endswith(" .")  # detokenized output
+
+    capsys.readouterr()
+    assert main(["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]) == 0
+    out = capsys.readouterr().out
+    hypotheses = (workdir / "decodes" / "dev-step200-beam2.de").read_text().splitlines()
+    references = (corpus / "dev.de").read_text(encoding="utf-8").splitlines()
+    assert all(h == h.lower() and not h.endswith(" .") for h in hypotheses)
+    expected = multi30k_bleu(hypotheses, multi30k_tokenize(references, lang="de"), lang="de")
+    (printed,) = (float(x) for x in re.findall(r"Multi30K BLEU\s+([0-9.]+)", out))
+    assert printed == pytest.approx(expected.score, abs=0.006)
+    # Scored in the form the model emits: the same run's raw decoder output (tokens of the
+    # tok/ form) is what the written hypotheses tokenize back to, line for line.
+    emitted = Translator(
+        [run.experiment.model], [run.params], run.tokenizer, run.experiment.decode
+    ).translate([TextForm.of(run.experiment.data).source(s) for s in raw + sources])
+    assert any("." in line.split() for line in emitted)  # tokens, not text
+    assert multi30k_tokenize(translator.translate(raw + sources), lang="de") == emitted
