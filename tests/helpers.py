@@ -229,6 +229,27 @@ def translation(sentence: str) -> str:
     return " ".join(DICTIONARY.get(word, word) for word in sentence.split())
 
 
+def word_task_overrides(corpus: Path, steps: int) -> list[str]:
+    """configs/tiny.py on a {split}.en / {split}.de corpus: one compiled shape of 24 tokens,
+    `steps` updates and one checkpoint at the end, no test split, a fast compile."""
+    return [
+        f"--config.data.src_path={corpus}/{{split}}.{{src}}",
+        f"--config.data.tgt_path={corpus}/{{split}}.{{tgt}}",
+        "--config.data.src_lang=en",
+        "--config.data.tgt_lang=de",
+        "--config.data.max_length=24",
+        "--config.data.min_bucket_length=24",  # one compiled shape
+        "--config.data.test_split=",
+        f"--config.train.num_steps={steps}",
+        "--config.train.eval_every_steps=0",
+        f"--config.train.checkpoint_every_steps={steps}",
+        "--config.train.memory_preflight=false",
+        "--config.train.xla_backend_optimization_level=0",
+        "--config.optim.warmup_steps=30",
+        "--config.optim.learning_rate_scale=1.0",
+    ]
+
+
 def write_word_task_corpus(folder: Path, splits: Mapping[str, list[str]]) -> Path:
     """{split}.en holding each split's sentences and {split}.de their translations."""
     folder.mkdir(parents=True, exist_ok=True)

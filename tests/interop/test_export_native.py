@@ -29,6 +29,7 @@ from tests.helpers import (
     sentences,
     translate_cli,
     translation,
+    word_task_overrides,
     write_word_task_corpus,
 )
 
@@ -49,23 +50,7 @@ def native(tmp_path_factory) -> Path:
     splits = {"train": sentences(EN, 2000, 21), "dev": sentences(EN, 16, 22)}
     corpus = write_word_task_corpus(root / "corpus", splits)
     workdir = root / "run"
-    overrides = [
-        f"--config.data.src_path={corpus}/{{split}}.{{src}}",
-        f"--config.data.tgt_path={corpus}/{{split}}.{{tgt}}",
-        "--config.data.src_lang=en",
-        "--config.data.tgt_lang=de",
-        "--config.data.max_length=24",
-        "--config.data.min_bucket_length=24",  # one compiled shape
-        "--config.data.test_split=",
-        *EXPORTABLE,
-        "--config.train.num_steps=200",
-        "--config.train.eval_every_steps=0",
-        "--config.train.checkpoint_every_steps=200",
-        "--config.train.memory_preflight=false",
-        "--config.train.xla_backend_optimization_level=0",
-        "--config.optim.warmup_steps=30",
-        "--config.optim.learning_rate_scale=1.0",
-    ]
+    overrides = [*word_task_overrides(corpus, 200), *EXPORTABLE]
     argv = ["train", "--config", "configs/tiny.py", "--workdir", str(workdir), *overrides]
     assert main(argv) == 0
     return workdir

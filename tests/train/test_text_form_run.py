@@ -14,7 +14,7 @@ from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode.translate import Translator
 from attnmt.evaluate.bleu import multi30k_bleu, multi30k_tokenize
 from attnmt.workdir import load_run
-from tests.helpers import EN, sentences, translation
+from tests.helpers import EN, sentences, translation, word_task_overrides
 
 
 def _cased(line: str) -> str:
@@ -43,21 +43,8 @@ def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys
         "configs/tiny.py",
         "--workdir",
         str(workdir),
-        f"--config.data.src_path={corpus}/{{split}}.{{src}}",
-        f"--config.data.tgt_path={corpus}/{{split}}.{{tgt}}",
-        "--config.data.src_lang=en",
-        "--config.data.tgt_lang=de",
+        *word_task_overrides(corpus, 200),
         "--config.data.text_form=lc.norm.tok",
-        "--config.data.max_length=24",
-        "--config.data.min_bucket_length=24",  # one compiled shape
-        "--config.data.test_split=",
-        "--config.train.num_steps=200",
-        "--config.train.eval_every_steps=0",
-        "--config.train.checkpoint_every_steps=200",
-        "--config.train.memory_preflight=false",
-        "--config.train.xla_backend_optimization_level=0",
-        "--config.optim.warmup_steps=30",
-        "--config.optim.learning_rate_scale=1.0",
     ]
     assert main(argv) == 0
 
