@@ -3,18 +3,22 @@ sentences and writes plain (detokenized, lowercase) text that scores as the tok/
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.cli.arguments import check_ensemble
 from attnmt.cli.main import main
 from attnmt.data.text_form import TextForm
-from attnmt.data.tokenizer import Tokenizer
+from attnmt.data.tokenizer import Tokenizer, train_vocab
 from attnmt.decode.translate import Translator
+from attnmt.errors import ConfigError
 from attnmt.evaluate.bleu import multi30k_bleu, multi30k_tokenize
 from attnmt.workdir import load_run
-from tests.helpers import EN, sentences, translation, word_task_overrides
+from tests.helpers import EN, event_scalars, sentences, translation, word_task_overrides
 
 
 def _cased(line: str) -> str:
@@ -45,8 +49,19 @@ def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys
         str(workdir),
         *word_task_overrides(corpus, 200),
         "--config.data.text_form=lc.norm.tok",
+        "--config.train.bleu_every_steps=100",
+        "--config.train.keep_best_by=bleu",
     ]
     assert main(argv) == 0
+
+    # The best step is ranked by Multi30K BLEU: cased sacreBLEU of lowercase output says little.
+    m30k = event_scalars(workdir / "tensorboard" / "bleu", "multi30k_bleu")
+    sacre = event_scalars(workdir / "tensorboard" / "bleu", "sacrebleu")
+    assert sorted(m30k) == [100, 200]
+    best_step, best_value = CheckpointManager(workdir).best()
+    assert best_value == pytest.approx(m30k[best_step], abs=1e-4)
+    assert best_value == pytest.approx(max(m30k.values()), abs=1e-4)
+    assert abs(best_value - sacre[best_step]) > 1e-3
 
     # The vocabulary was trained on the lowercased, tokenized text.
     pieces = Tokenizer.load(workdir / "vocab.model").processor
@@ -65,6 +80,7 @@ def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys
     capsys.readouterr()
     assert main(["evaluate", "--workdir", str(workdir), "--split", "dev", "--beam", "2"]) == 0
     out = capsys.readouterr().out
+    assert re.search(r"sacreBLEU .*\(cased: this run writes lowercase\)", out)
     hypotheses = (workdir / "decodes" / "dev-step200-beam2.de").read_text().splitlines()
     references = (corpus / "dev.de").read_text(encoding="utf-8").splitlines()
     assert all(h == h.lower() and not h.endswith(" .") for h in hypotheses)
@@ -78,3 +94,14 @@ def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys
     ).translate([TextForm.of(run.experiment.data).source(s) for s in raw + sources])
     assert any("." in line.split() for line in emitted)  # tokens, not text
     assert multi30k_tokenize(translator.translate(raw + sources), lang="de") == emitted
+
+    # An ensemble's members must read one input form and share one vocabulary.
+    check_ensemble([run, run])
+    data = dataclasses.replace(run.experiment.data, text_form="raw")
+    cased = dataclasses.replace(run, experiment=dataclasses.replace(run.experiment, data=data))
+    with pytest.raises(ConfigError, match=r"text_form='raw'.*'lc\.norm\.tok'"):
+        check_ensemble([run, cased])
+    train_vocab([_cased(s) for s in splits["train"]], tmp_path / "other.model", 60)
+    other = dataclasses.replace(run, tokenizer=Tokenizer.load(tmp_path / "other.model"))
+    with pytest.raises(ConfigError, match="its vocabulary differs"):
+        check_ensemble([run, other])

@@ -180,4 +180,34 @@ def load_runs(args: argparse.Namespace) -> list:
         workdir = result.output_dir
     runs = [load_run(workdir, args.step)]
     runs += [load_run(other) for other in args.ensemble]
+    check_ensemble(runs)
     return runs
+
+
+def _vocabulary_identity(run: Any) -> Any:
+    """What must match for two runs' ids to mean the same pieces."""
+    processor = getattr(run.tokenizer, "processor", None)
+    if processor is not None:
+        return processor.serialized_model_proto()
+    return (type(run.tokenizer).__name__, run.tokenizer.vocab_size)
+
+
+def check_ensemble(runs: list) -> None:
+    """An ensemble averages the models' distributions over one vocabulary, fed one input
+    form: a member that differs would decode nonsense without an error."""
+    for other in runs[1:]:
+        _check_member(runs[0], other)
+
+
+def _check_member(first: Any, other: Any) -> None:
+    if _vocabulary_identity(other) != _vocabulary_identity(first):
+        raise ConfigError(
+            f"--ensemble {other.workdir}: its vocabulary differs from {first.workdir}'s "
+            "(an ensemble needs runs trained with the same vocabulary)"
+        )
+    forms = (first.experiment.data.text_form, other.experiment.data.text_form)
+    if forms[0] != forms[1]:
+        raise ConfigError(
+            f"--ensemble {other.workdir}: it was trained with data.text_form={forms[1]!r}, "
+            f"{first.workdir} with {forms[0]!r} (an ensemble reads one input form)"
+        )

@@ -31,6 +31,9 @@ class SplitScores:
     tokenized: BleuResult
     multi30k: BleuResult | None
     hypotheses_path: Path
+    # False for a run trained on lowercased tokens (data.text_form): its sacreBLEU, which
+    # is cased, is low by construction.
+    cased: bool = True
 
     def scalars(self) -> dict[str, float]:
         values = {
@@ -46,13 +49,20 @@ class SplitScores:
         lines = [
             f"{self.split}: {self.sentences} sentences in {self.seconds:.1f} s "
             f"({self.sentences / max(self.seconds, 1e-9):.1f} sentences/s)",
-            f"  sacreBLEU       {self.sacrebleu.score:6.2f}  {self.sacrebleu.signature}",
+            f"  sacreBLEU       {self.sacrebleu.score:6.2f}  {self.sacrebleu.signature}"
+            + ("" if self.cased else "  (cased: this run writes lowercase)"),
             f"  tokenized BLEU  {self.tokenized.score:6.2f}  {self.tokenized.signature}",
         ]
         if self.multi30k is not None:
             lines.append(f"  Multi30K BLEU   {self.multi30k.score:6.2f}  {self.multi30k.signature}")
         lines.append(f"  hypotheses: {self.hypotheses_path}")
         return "\n".join(lines)
+
+
+def ranked_bleu(experiment: Experiment) -> str:
+    """The score train.keep_best_by="bleu" ranks: sacreBLEU, or Multi30K BLEU for a run
+    trained on lowercased tokens (data.text_form), whose cased sacreBLEU says little."""
+    return "sacrebleu" if experiment.data.text_form == "raw" else "multi30k_bleu"
 
 
 def score(
@@ -103,4 +113,5 @@ def evaluate_split(
     if writes_outputs():
         output_dir.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    return SplitScores(split, len(pairs), seconds, sacre, tokenized, m30k, path)
+    cased = main.experiment.data.text_form == "raw"
+    return SplitScores(split, len(pairs), seconds, sacre, tokenized, m30k, path, cased)

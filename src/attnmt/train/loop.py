@@ -14,6 +14,7 @@ from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.config.model import ModelConfig
 from attnmt.data.pipeline import padding_fraction, split_batch
+from attnmt.decode.evaluation import ranked_bleu
 from attnmt.metrics import MetricsSink, progress_bar
 from attnmt.model.flops import example_lengths, train_flops
 from attnmt.parallel.agreement import any_process, sum_over_processes
@@ -381,7 +382,7 @@ class Trainer:
             bleu = self.validation.bleu(self.state.params)
             self.metrics.write("bleu", step, bleu)
             if train.keep_best_by == "bleu":
-                saved = self._track_best(step, bleu["sacrebleu"])
+                saved = self._track_best(step, bleu[ranked_bleu(self.experiment)])
         if train.checkpoint_every_steps and step % train.checkpoint_every_steps == 0:
             saved = self._save() or saved
         return saved
