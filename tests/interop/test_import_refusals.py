@@ -66,7 +66,6 @@ CONFIG_REFUSALS = [
         {"share_encoder_decoder_embeddings": False},
         "share_encoder_decoder_embeddings",
     ),
-    ("config.json", {"activation_dropout": 0.1}, "activation_dropout"),
     ("config.json", {"encoder_layerdrop": 0.1}, "encoder_layerdrop"),
     ("config.json", {"decoder_layerdrop": 0.1}, "decoder_layerdrop"),
     ("config.json", {"activation_function": "tanh"}, "activation_function"),

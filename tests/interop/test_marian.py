@@ -175,3 +175,26 @@ def test_export_refuses_what_marian_does_not_compute(change, key):
         check_exportable(ModelConfig(**change))
     exportable = {"positional_layout": "halves", "layer_norm_epsilon": 1e-5}
     check_exportable(ModelConfig(**exportable))  # the paper's sizes otherwise
+
+
+def test_training_dropouts_travel_through_import_and_export(hf_dir, tmp_path):
+    """Marian's three dropout rates become model.* rates, and export writes them back."""
+    import json
+    import shutil
+
+    from attnmt.workdir import load_run
+
+    folder = tmp_path / "dropouts"
+    shutil.copytree(hf_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    rates = {"dropout": 0.25, "attention_dropout": 0.15, "activation_dropout": 0.1}
+    (folder / "config.json").write_text(json.dumps({**config, **rates}))
+    run = tmp_path / "run"
+    assert main(["import", str(folder), "--workdir", str(run)]) == 0
+    model = load_run(run).experiment.model
+    imported = (model.dropout_rate, model.attention_dropout_rate, model.activation_dropout_rate)
+    assert imported == (0.25, 0.15, 0.1)
+    out = tmp_path / "exported"
+    assert main(["export", "--workdir", str(run), "--format", "hf", "--out", str(out)]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert {key: written[key] for key in rates} == rates

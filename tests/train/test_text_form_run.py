@@ -95,6 +95,19 @@ def test_a_lowercase_tokenized_run_trains_translates_and_scores(tmp_path, capsys
     assert any("." in line.split() for line in emitted)  # tokens, not text
     assert multi30k_tokenize(translator.translate(raw + sources), lang="de") == emitted
 
+    # Head ablation ranks by the same Multi30K BLEU (not a Multi30K source) and names it.
+    ablation = tmp_path / "ablation"
+    command = ["attention", "--workdir", str(workdir), "--beam", "1", "--ablate"]
+    command += ["--split", "dev", "-n", "4", "--out", str(ablation)]
+    assert main(command) == 0
+    table = (ablation / "ablation.md").read_text().split("```\n")[1]
+    assert table.splitlines()[1].split()[3] == "multi30k_bleu"  # the column header
+    greedy = dataclasses.replace(run.experiment.decode, beam_size=1)
+    first_four = Translator.from_runs([run], greedy).translate(sources[:4])
+    expected = multi30k_bleu(first_four, multi30k_tokenize(references[:4], lang="de"), lang="de")
+    (full,) = re.findall(r"^full model: multi30k_bleu ([0-9.]+)$", table, flags=re.M)
+    assert float(full) == pytest.approx(expected.score, abs=0.006)
+
     # An ensemble's members must read one input form and share one vocabulary.
     check_ensemble([run, run])
     data = dataclasses.replace(run.experiment.data, text_form="raw")

@@ -104,7 +104,8 @@ def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
     experiment = run.experiment
     split = args.split or experiment.data.eval_split
     pairs = load_split(experiment.data, split, as_trained=False)[: args.n]
-    multi30k = experiment.data.source == "multi30k"
+    # score() adds Multi30K BLEU for Multi30K data and for any run on lowercased tokens.
+    multi30k = experiment.data.source == "multi30k" or experiment.data.text_form != "raw"
     metric = "multi30k_bleu" if multi30k else "sacrebleu"
 
     def bleu(hypotheses: list[str], references: list[str]) -> float:

@@ -34,6 +34,10 @@ class ModelConfig:
     num_layers: int = 6  # N, in both the encoder and the decoder stack
     dropout_rate: float = 0.1  # §5.4 residual dropout P_drop
     attention_dropout_rate: float = 0.0  # on attention weights; §6.3 tunes it
+    # Dropout on the FFN's hidden activations, between W1's activation and W2 (not in the
+    # paper: tensor2tensor's relu_dropout, fairseq's and Marian's activation_dropout).
+    # 0 = off, and then the model is exactly the paper's.
+    activation_dropout_rate: float = 0.0
     # Word dropout (not in the paper; Sennrich & Zhang 2019 for small data): in training,
     # each source and decoder-input token's whole embedding is zeroed with this probability
     # (the rest scaled by 1/(1-p)) before the positions are added, so the model must do
@@ -83,7 +87,8 @@ class ModelConfig:
             value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
-        for name in ("dropout_rate", "attention_dropout_rate", "word_dropout_rate"):
+        rates = ("dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
+        for name in (*rates, "word_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {value!r}")

@@ -23,7 +23,7 @@ _IGNORED_BY_HF = {
     "static_position_embeddings": True,  # learned positions otherwise
     "layernorm_embedding": False,
 }
-_TRAINING_ONLY_ZERO = ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop")
+_TRAINING_ONLY_ZERO = ("encoder_layerdrop", "decoder_layerdrop")
 _ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 HF_LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which MarianMTModel uses
 
@@ -76,7 +76,7 @@ def _check_supported(hf: dict[str, Any]) -> None:
             raise _refuse(key, hf[key], "Hugging Face's MarianMTModel does not compute it")
     for key in _TRAINING_ONLY_ZERO:
         if hf.get(key, 0) not in (0, 0.0):
-            raise _refuse(key, hf[key], "attnmt has no such dropout")
+            raise _refuse(key, hf[key], "attnmt has no layer drop")
     pairs = (
         ("decoder_layers", "encoder_layers", "different encoder and decoder depths"),
         ("decoder_attention_heads", "encoder_attention_heads", "different head counts"),
@@ -114,6 +114,7 @@ def model_options(hf: dict[str, Any], decoder_start_id: int) -> dict[str, Any]:
         "num_layers": hf["encoder_layers"],
         "dropout_rate": float(hf.get("dropout", 0.1)),
         "attention_dropout_rate": float(hf.get("attention_dropout", 0.0)),
+        "activation_dropout_rate": float(hf.get("activation_dropout", 0.0)),
         "positional": "sinusoidal",
         "positional_layout": "halves",
         "max_length": hf.get("max_position_embeddings", 1024),
@@ -184,7 +185,7 @@ def marian_kwargs(
         "activation_function": model.activation,
         "dropout": model.dropout_rate,
         "attention_dropout": model.attention_dropout_rate,
-        "activation_dropout": 0.0,  # attnmt has no dropout inside the FFN
+        "activation_dropout": model.activation_dropout_rate,
         "max_position_embeddings": model.max_length if max_positions is None else max_positions,
         "scale_embedding": model.scale_embedding,
         "pad_token_id": pad_id,

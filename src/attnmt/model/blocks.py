@@ -44,7 +44,7 @@ def _encoder_sublayers(cfg: ModelConfig, x: jax.Array, mask: jax.Array, train: b
     attended = MultiHeadAttention(cfg, name="self_attention")(h, h, mask, train=train)
     x = residual(x, attended, train=train)
     residual = Residual(cfg, name="ffn_residual")
-    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
+    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x), train=train)
     return residual(x, fed, train=train)
 
 
@@ -71,7 +71,7 @@ def _decoder_sublayers(
     )
     x = residual(x, attended, train=train)
     residual = Residual(cfg, name="ffn_residual")
-    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x))
+    fed = FeedForward(cfg, name="ffn")(residual.sublayer_input(x), train=train)
     return residual(x, fed, train=train)
 
 

@@ -310,7 +310,7 @@ class FeedForward(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
         cfg = self.config
         dtype = compute_dtype(cfg)
         hidden = nn.Dense(
@@ -322,6 +322,9 @@ class FeedForward(nn.Module):
             name="wi",
         )(x)
         hidden = _ACTIVATIONS[cfg.activation](hidden)
+        if train and cfg.activation_dropout_rate > 0:
+            dropout = nn.Dropout(rate=cfg.activation_dropout_rate, name="activation_dropout")
+            hidden = dropout(hidden, deterministic=False)
         hidden = constrain(hidden, (axes.BATCH, axes.LENGTH, axes.MLP))
         output = nn.Dense(
             cfg.d_model,
