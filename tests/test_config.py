@@ -75,6 +75,9 @@ def test_overrides_are_typed():
         ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
         ("--config.data.pack_source_length=32", "data.pack_source_length"),  # not packed
         ("--config.data.pack_source_length=-1", "data.pack_source_length"),
+        ("--config.train.f1_every_steps=-1", "train.f1_every_steps"),
+        ("--config.train.keep_best_by=f1", "train.f1_every_steps"),  # ranks nothing
+        ("--config.train.f1_every_steps=100", "train.f1_every_steps"),  # not a parsing run
     ],
 )
 def test_bad_values_are_refused_naming_the_key(override, key):

@@ -108,6 +108,6 @@ def _chosen_step(manager: CheckpointManager, present: list[int], step: int | str
     if best is None:
         raise CheckpointError(
             f"no best checkpoint in {manager.directory}: it is kept by runs trained with "
-            "train.keep_best_by (loss or bleu) once they have evaluated"
+            "train.keep_best_by (loss, bleu or f1) once they have evaluated"
         )
     return best[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from attnmt.checkpoint.manager import CheckpointManager
 from attnmt.cli.main import main
 from attnmt.config import Experiment, load_experiment
 from attnmt.config.decode import DecodeConfig
@@ -19,7 +20,7 @@ from attnmt.decode.parsing import parsing_translator
 from attnmt.errors import ConfigError, DataError
 from attnmt.workdir import load_run
 from tests.evalb import Evalb, evalb_fixture
-from tests.helpers import CONFIGS, TINY_MODEL_OVERRIDES, is_tree
+from tests.helpers import CONFIGS, TINY_MODEL_OVERRIDES, event_scalars, is_tree
 
 PUNCTUATION = {",", ".", ":", "``", "''"}
 
@@ -158,6 +159,12 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
         "--config.train.num_steps=6",
         "--config.optim.warmup_steps=3",
         "--config.train.eval_every_steps=0",
+        # Dev F1 during training, ranking the kept best step; parsed greedily, as the
+        # evaluations below, so that their files score what training logged.
+        "--config.train.f1_every_steps=3",
+        "--config.train.keep_best_by=f1",
+        "--config.decode.beam_size=1",
+        "--config.decode.max_len_offset=20",
         "--config.train.time_limit_minutes=0",
         "--config.train.memory_preflight=false",
         # Compiling is most of this test: XLA's level 1 compiles faster and trains as well;
@@ -204,6 +211,22 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
             "Complete match": theirs.complete_match,
         }
     assert f"evalb -p COLLINS.prm {gold_file} {tagged_file}" in out
+
+    # F1 during training (train.f1_every_steps) is EVALB's F1 of the parses `attnmt
+    # evaluate` writes for the same step, and keep_best_by=f1 kept its best step.
+    logged = event_scalars(workdir / "tensorboard" / "f1", "f1")
+    assert sorted(logged) == [3, 6]
+    best_value = max(logged.values())
+    best_step = min(step for step, value in logged.items() if value == best_value)
+    assert CheckpointManager(workdir).best() == (best_step, pytest.approx(best_value, abs=1e-6))
+    assert main(["evaluate", "--workdir", str(workdir), "--split", "dev", "--step", "3"]) == 0
+    capsys.readouterr()
+    for step in (3, 6):
+        prefix = workdir / "decodes" / f"dev-step{step}-beam1"
+        theirs = evalb.run(Path(f"{prefix}.gold.trees"), Path(f"{prefix}.tagged.trees")).all
+        printed = 0.0 if "nan" in theirs.f1 else float(theirs.f1)
+        # To EVALB's two decimals (half a unit of the last, plus TensorBoard's float32).
+        assert abs(logged[step] - printed) <= 0.005 + 1e-4, (step, logged[step], theirs.f1)
     # The file as decoded is what EVALB cannot score: with XX tags no punctuation is
     # deleted from it, and both sentences have punctuation ("length unmatch").
     assert evalb.run(gold_file, Path(f"{stem}.trees")).all.errors == 2

@@ -34,7 +34,7 @@ ITEMS = ("state", "data", "config")
 COMMIT_MARKER = "commit_success.txt"  # in a bucket, the object whose presence finishes a step
 UNREADABLE_SUFFIX = "-unreadable"  # <workdir>/checkpoints-unreadable/<step>: set aside
 # train.keep_best_by -> whether lower ("min") or higher ("max") values are better.
-BEST_MODES = {"loss": "min", "bleu": "max"}
+BEST_MODES = {"loss": "min", "bleu": "max", "f1": "max"}
 
 
 class UnreadableCheckpointError(CheckpointError):

@@ -63,6 +63,12 @@ class Experiment:
                 f"(train.num_steps={self.train.num_steps})"
             )
         self._check_word_classes()
+        if self.train.f1_every_steps and self.data.source != "treebank":
+            raise ConfigError(
+                f"train.f1_every_steps={self.train.f1_every_steps} scores parses: it needs a "
+                f"parsing run (data.source='treebank', now {self.data.source!r}); a "
+                "translation run has train.bleu_every_steps"
+            )
 
     def _check_word_classes(self) -> None:
         """Words are one class only where the target's leaves are the input's words."""

@@ -12,6 +12,9 @@ from attnmt.config.typed import check_types
 from attnmt.config.xla import OptimizationLevel
 from attnmt.errors import ConfigError
 
+# The interval of the evaluation each train.keep_best_by value ranks.
+_RANKED_EVERY = {"loss": "eval_every_steps", "bleu": "bleu_every_steps", "f1": "f1_every_steps"}
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -27,14 +30,20 @@ class TrainConfig:
     eval_every_steps: int = 1000  # validation loss; 0 = never
     bleu_every_steps: int = 0  # beam-search BLEU on the eval split (decode.*); 0 = never
     bleu_max_sentences: int = 0  # translate only the first N eval sentences; 0 = all
+    # A parsing run's counterpart (data.source="treebank"): parse the eval split's sentences
+    # with decode.* and score them against its gold trees as `attnmt evaluate` does (EVALB's
+    # COLLINS.prm figures, gold tags), every this many updates; 0 = never
+    f1_every_steps: int = 0
+    f1_max_sentences: int = 0  # parse only the first N eval trees; 0 = all
     checkpoint_every_steps: int = 0  # 0 = only by time
     checkpoint_every_minutes: float = 10.0  # §6.1 wrote checkpoints at 10-minute intervals
     keep_checkpoints: int = 20  # enough to average the last 20 (big)
     # Keep the best step beside the last keep_checkpoints (never rotated away; `--step
     # best` reads it): "loss" = validation loss (lower is better, every eval_every_steps),
     # "bleu" = validation sacreBLEU (higher is better, every bleu_every_steps; Multi30K
-    # BLEU for a run trained on lowercased tokens, data.text_form); "" = off.
-    keep_best_by: Literal["", "loss", "bleu"] = ""
+    # BLEU for a run trained on lowercased tokens, data.text_form); "f1" = a parsing run's
+    # validation bracketing F1 (higher is better, every f1_every_steps); "" = off.
+    keep_best_by: Literal["", "loss", "bleu", "f1"] = ""
     # How many steps saved as a new best to keep (the N most recent improvements, the
     # steps leading up to the best): `attnmt average --best N` averages them.
     keep_best_checkpoints: int = 1
@@ -103,6 +112,10 @@ class TrainConfig:
             "max_tokens_per_device",
             "time_limit_minutes",
             "eval_every_steps",
+            "bleu_every_steps",
+            "bleu_max_sentences",
+            "f1_every_steps",
+            "f1_max_sentences",
             "checkpoint_every_steps",
             "checkpoint_every_minutes",
             "peak_tflops_per_device",
@@ -124,10 +137,15 @@ class TrainConfig:
             )
         self._check_best()
 
+    @property
+    def best_every_steps(self) -> int:
+        """How often keep_best_by's evaluation runs (0 when keep_best_by is off)."""
+        return getattr(self, _RANKED_EVERY[self.keep_best_by]) if self.keep_best_by else 0
+
     def _check_best(self) -> None:
         """keep_best_by needs the evaluation it ranks; patience and keep_best_checkpoints
         need something ranked."""
-        needs = {"loss": "eval_every_steps", "bleu": "bleu_every_steps"}.get(self.keep_best_by)
+        needs = _RANKED_EVERY.get(self.keep_best_by)
         if needs and getattr(self, needs) == 0:
             raise ConfigError(
                 f"train.keep_best_by={self.keep_best_by!r} needs train.{needs} > 0 (the "
@@ -136,11 +154,11 @@ class TrainConfig:
         if self.keep_best_checkpoints > 1 and not self.keep_best_by:
             raise ConfigError(
                 f"train.keep_best_checkpoints={self.keep_best_checkpoints} needs "
-                'train.keep_best_by ("loss" or "bleu"): the metric that ranks them'
+                'train.keep_best_by ("loss", "bleu" or "f1"): the metric that ranks them'
             )
         if self.early_stop_patience and not self.keep_best_by:
             raise ConfigError(
-                'train.early_stop_patience needs train.keep_best_by ("loss" or "bleu"): '
+                'train.early_stop_patience needs train.keep_best_by ("loss", "bleu" or "f1"): '
                 "the metric whose improvement it waits for"
             )
 

@@ -24,8 +24,11 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
+from attnmt.config.data import DataConfig
 from attnmt.config.decode import DecodeConfig
+from attnmt.config.experiment import Experiment
 from attnmt.data.parsing import treebank_trees
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.data.treebank import (
     Tree,
     delinearize,
@@ -44,17 +47,24 @@ from attnmt.storage import Path
 from attnmt.workdir import LoadedRun
 
 
+def tree_grammar(
+    experiment: Experiment, tokenizer: Tokenizer, decode: DecodeConfig
+) -> TreeGrammar | None:
+    """With decode.tree_grammar, the grammar that lets the decoder write only trees over the
+    input's words (when the vocabulary keeps tree tokens whole; older ones cannot)."""
+    if not decode.tree_grammar or not hasattr(tokenizer, "whole_words"):
+        return None
+    return TreeGrammar.from_symbols(
+        tokenizer.whole_words(),
+        experiment.model.vocab_size,
+        copy_words=experiment.data.treebank_leaves == "words",
+        label_smoothing=experiment.train.label_smoothing if decode.unsmooth_words else 0.0,
+    )
+
+
 def parsing_translator(run: LoadedRun, decode: DecodeConfig) -> Translator:
-    """A Translator for `run` that, with decode.tree_grammar, writes only trees over the
-    input's words (when the run's vocabulary keeps tree tokens whole; older ones cannot)."""
-    grammar = None
-    if decode.tree_grammar and hasattr(run.tokenizer, "whole_words"):
-        grammar = TreeGrammar.from_symbols(
-            run.tokenizer.whole_words(),
-            run.experiment.model.vocab_size,
-            copy_words=run.experiment.data.treebank_leaves == "words",
-            label_smoothing=run.experiment.train.label_smoothing if decode.unsmooth_words else 0.0,
-        )
+    """A Translator for `run` that writes only well-formed trees (`tree_grammar`)."""
+    grammar = tree_grammar(run.experiment, run.tokenizer, decode)
     return Translator.from_runs([run], decode, grammar=grammar)
 
 
@@ -103,6 +113,29 @@ class ParseSplitScores:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoredParses:
+    trees: list[Tree]  # as decoded, tagged as the model writes its leaves
+    tagged: list[Tree]  # the same with each word's gold tag: what is scored
+    scores: ParseScores
+
+
+def parse_and_score(translator: Translator, gold: Sequence[Tree], data: DataConfig) -> ScoredParses:
+    """Parses the sentences of the `gold` trees and scores the parses, with the gold tags,
+    against them (the scores `attnmt evaluate` prints, and EVALB gives for its files)."""
+    parsed = parse_sentences(
+        translator,
+        [" ".join(words(tree)) for tree in gold],
+        data.treebank_pos,
+        data.treebank_leaves,
+    )
+    # A gold tree always has a word (preprocess refuses one of -NONE- elements alone), so
+    # every sentence has a parse, over exactly its words.
+    trees = [tree for tree in parsed if tree is not None]
+    tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
+    return ScoredParses(trees, tagged, score_trees(gold, tagged))
+
+
 def _write_trees(path: Path, trees: Sequence[Tree]) -> None:
     path.write_text("".join(line + "\n" for line in bracketed_lines(trees)), encoding="utf-8")
 
@@ -118,23 +151,14 @@ def evaluate_parse_split(
     gold = treebank_trees(split, data.data_dir, data.treebank_splits)
     translator = parsing_translator(run, decode)
     start = time.monotonic()
-    parsed = parse_sentences(
-        translator,
-        [" ".join(words(tree)) for tree in gold],
-        data.treebank_pos,
-        data.treebank_leaves,
-    )
+    parses = parse_and_score(translator, gold, data)
     seconds = time.monotonic() - start
-    # A gold tree always has a word (preprocess refuses one of -NONE- elements alone), so
-    # every sentence has a parse, over exactly its words.
-    trees = [tree for tree in parsed if tree is not None]
-    tagged = [retag(tree, tags(gold_tree)) for tree, gold_tree in zip(trees, gold, strict=True)]
     stem = decodes_stem(split, run, decode, tag)
     paths = [
         output_dir / f"{stem}{suffix}" for suffix in (".trees", ".tagged.trees", ".gold.trees")
     ]
     if writes_outputs():  # every process of a job parses; process 0 writes
         output_dir.mkdir(parents=True, exist_ok=True)
-        for path, written in zip(paths, (trees, tagged, gold), strict=True):
+        for path, written in zip(paths, (parses.trees, parses.tagged, gold), strict=True):
             _write_trees(path, written)
-    return ParseSplitScores(split, seconds, score_trees(gold, tagged), *paths)
+    return ParseSplitScores(split, seconds, parses.scores, *paths)

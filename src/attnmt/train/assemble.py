@@ -16,6 +16,7 @@ from attnmt.config.experiment import Experiment
 from attnmt.data.pipeline import BatchIterator
 from attnmt.data.text_form import TextForm
 from attnmt.data.tokenizer import Tokenizer
+from attnmt.decode.parsing import tree_grammar
 from attnmt.decode.translate import Translator
 from attnmt.errors import ConfigError
 from attnmt.metrics import MetricsSink
@@ -94,7 +95,11 @@ def _check_best_is_measured(experiment: Experiment, inputs: TrainInputs) -> None
     """train.keep_best_by ranks an evaluation that needs data.eval_split (TrainConfig
     checked the intervals; the split is the data section's)."""
     by = experiment.train.keep_best_by
-    measured = {"loss": inputs.evaluation is not None, "bleu": bool(inputs.bleu_pairs)}
+    measured = {
+        "loss": inputs.evaluation is not None,
+        "bleu": bool(inputs.bleu_pairs),
+        "f1": bool(inputs.parse_gold),
+    }
     if by and not measured[by]:
         raise ConfigError(
             f"train.keep_best_by={by!r} needs an evaluation split: set data.eval_split "
@@ -149,16 +154,21 @@ def _validation(program: TrainProgram, inputs: TrainInputs) -> Validation:
     experiment = program.experiment
     # Parameters are handed over at each BLEU pass (Validation.bleu). The train state stays
     # on the devices while it decodes, so decoding's memory budget leaves room for it.
+    # A parsing run's F1 parses as `attnmt evaluate` does: only well-formed trees.
+    grammar = None
+    if inputs.parse_gold:
+        grammar = tree_grammar(experiment, inputs.tokenizer, experiment.decode)
     translator = Translator(
         [experiment.model],
         [None],
         inputs.tokenizer,
         experiment.decode,
+        grammar=grammar,
         reserved_bytes=per_device_bytes(program.abstract_state),
         text_form=TextForm.of(experiment.data),
     )
     split, shapes = inputs.evaluation if inputs.evaluation is not None else (None, [])
-    return Validation(program, split, shapes, inputs.bleu_pairs, translator)
+    return Validation(program, split, shapes, inputs.bleu_pairs, translator, inputs.parse_gold)
 
 
 def train(

@@ -1,6 +1,7 @@
 """What a training run reads, prepared once in its workdir: the config and vocabulary
 written (by process 0, the others waiting), the tokenized splits, the batch plan and the
-bucket shapes that follow from it, the evaluation split and the BLEU sentences."""
+bucket shapes that follow from it, the evaluation split, the BLEU sentences and a parsing
+run's gold trees."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from jax.sharding import Mesh
 
 from attnmt.config.experiment import Experiment
 from attnmt.data.batching import bucket_shapes
+from attnmt.data.parsing import treebank_trees
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
 from attnmt.data.prepare import ensure_vocab, iter_split, tokenized_split, vocab_path
 from attnmt.data.sources import multi30k_recorded_dir
 from attnmt.data.subword_sampling import EpochCorpora
 from attnmt.data.token_cache import Processes
 from attnmt.data.tokenizer import Tokenizer
+from attnmt.data.treebank import Tree
 from attnmt.errors import ConfigError, DataError
 from attnmt.parallel.batch_plan import BatchPlan, plan_batches
 from attnmt.parallel.mesh import DATA, FSDP
@@ -39,6 +42,7 @@ class TrainInputs:
     plan: BatchPlan  # update shapes, micro-batches per update, their shapes
     evaluation: tuple[TokenizedCorpus, list[tuple[int, int]]] | None  # split, its shapes
     bleu_pairs: list[tuple[str, str]]  # (source, reference); empty: no BLEU in training
+    parse_gold: list[Tree] = dataclasses.field(default_factory=list)  # empty: no F1
 
 
 def with_recorded_data_dir(experiment: Experiment) -> Experiment:
@@ -130,7 +134,18 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     if train.bleu_every_steps and data.eval_split:
         pairs = iter_split(data, data.eval_split, as_trained=False)
         bleu_pairs = list(itertools.islice(pairs, train.bleu_max_sentences or None))
-    return TrainInputs(workdir, tokenizer, batches, plan, evaluation, bleu_pairs)
+    return TrainInputs(
+        workdir, tokenizer, batches, plan, evaluation, bleu_pairs, _parse_gold(experiment)
+    )
+
+
+def _parse_gold(experiment: Experiment) -> list[Tree]:
+    """train.f1_every_steps's gold trees: the first f1_max_sentences of the eval split."""
+    data, train = experiment.data, experiment.train
+    if not train.f1_every_steps or not data.eval_split:  # Experiment checked the source
+        return []
+    gold = treebank_trees(data.eval_split, data.data_dir, data.treebank_splits)
+    return gold[: train.f1_max_sentences or None]
 
 
 def packing_options(experiment: Experiment) -> dict[str, Any]:

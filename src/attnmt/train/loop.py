@@ -350,6 +350,8 @@ class Trainer:
             every.append(train.eval_every_steps)
         if self.validation.bleu_pairs:
             every.append(train.bleu_every_steps)
+        if self.validation.parse_gold:
+            every.append(train.f1_every_steps)
         profiled = profiler.count and profiler.first <= step <= profiler.first + profiler.count
         return (
             step >= train.num_steps
@@ -383,6 +385,11 @@ class Trainer:
             self.metrics.write("bleu", step, bleu)
             if train.keep_best_by == "bleu":
                 saved = self._track_best(step, bleu[ranked_bleu(self.experiment)])
+        if self.validation.parse_gold and (step % train.f1_every_steps == 0 or last):
+            f1 = self.validation.f1(self.state.params)
+            self.metrics.write("f1", step, f1)
+            if train.keep_best_by == "f1":
+                saved = self._track_best(step, f1["f1"])
         if train.checkpoint_every_steps and step % train.checkpoint_every_steps == 0:
             saved = self._save() or saved
         return saved

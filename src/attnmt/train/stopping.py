@@ -85,7 +85,7 @@ def early_stop_reason(train: TrainConfig) -> str:
 class BestSoFar:
     """The best `train.keep_best_by` value so far, its step, and the evaluations since."""
 
-    metric: str  # "loss" or "bleu"
+    metric: str  # "loss", "bleu" or "f1"
     patience: int  # 0: never exhausted
     step: int | None = None
     value: float | None = None
@@ -119,7 +119,7 @@ def best_after_resume(
     tracker = BestSoFar(train.keep_best_by, train.early_stop_patience)
     if best is None or best[0] > resumed_step:
         return tracker
-    every = train.eval_every_steps if train.keep_best_by == "loss" else train.bleu_every_steps
+    every = train.best_every_steps
     tracker.step, tracker.value = best
     tracker.since_best = resumed_step // every - best[0] // every
     return tracker
@@ -159,8 +159,7 @@ class StepDecisions:
             return True
         if not train.early_stop_patience:
             return False
-        every = train.eval_every_steps if train.keep_best_by == "loss" else train.bleu_every_steps
-        return step % every == 0
+        return step % train.best_every_steps == 0
 
     def checkpointed(self) -> None:
         """A checkpoint was written now: the time-based interval starts again."""

@@ -1,6 +1,6 @@
 """What training measures on held-out data: loss, perplexity and accuracy over the whole
-evaluation split, and beam-search BLEU on (part of) it. Decoding is called from here;
-nothing in decode/ knows about training."""
+evaluation split, and beam-search BLEU (or a parsing run's F1) on (part of) it. Decoding is
+called from here; nothing in decode/ knows about training."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 import jax
 
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
+from attnmt.data.treebank import Tree
 from attnmt.decode.evaluation import score
+from attnmt.decode.parsing import parse_and_score
 from attnmt.decode.translate import Translator
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
@@ -24,7 +26,8 @@ class Validation:
     split: TokenizedCorpus | None  # None: no loss evaluation (data.eval_split or eval_every)
     shapes: list[tuple[int, int]]  # bucket shapes of the evaluation split
     bleu_pairs: list[tuple[str, str]]  # (source, reference); empty: no BLEU
-    translator: Translator
+    translator: Translator  # with the tree grammar when parse_gold is set
+    parse_gold: list[Tree] = dataclasses.field(default_factory=list)  # empty: no F1
 
     def loss(self, params: Any) -> dict[str, float]:
         """Loss, perplexity and accuracy of `params` on the whole split (no dropout)."""
@@ -60,3 +63,12 @@ class Validation:
         if m30k is not None:
             scores["multi30k_bleu"] = m30k.score
         return scores
+
+    def f1(self, params: Any) -> dict[str, float]:
+        """A parsing run's bracketing scores of `params` on the gold trees: parsed with the
+        experiment's decode settings and scored as `attnmt evaluate` scores (EVALB's
+        COLLINS.prm figures, the parses given the gold tags), by every process alike."""
+        self.translator.set_params([params])
+        parses = parse_and_score(self.translator, self.parse_gold, self.program.experiment.data)
+        s = parses.scores
+        return {"f1": s.f1, "precision": s.precision, "recall": s.recall, "exact": s.exact_match}
