@@ -98,15 +98,13 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
 
 def _ablate(run, translator, args: argparse.Namespace, out: Path) -> int:
     from attnmt.data.prepare import load_split
-    from attnmt.decode.evaluation import score
+    from attnmt.decode.evaluation import score, scores_multi30k_bleu
     from attnmt.inspection.ablation import ablate_heads, ablation_figure, format_ablation
 
     experiment = run.experiment
     split = args.split or experiment.data.eval_split
     pairs = load_split(experiment.data, split, as_trained=False)[: args.n]
-    # score() adds Multi30K BLEU for Multi30K data and for any run on lowercased tokens.
-    multi30k = experiment.data.source == "multi30k" or experiment.data.text_form != "raw"
-    metric = "multi30k_bleu" if multi30k else "sacrebleu"
+    metric = "multi30k_bleu" if scores_multi30k_bleu(experiment) else "sacrebleu"
 
     def bleu(hypotheses: list[str], references: list[str]) -> float:
         sacre, _, m30k = score(experiment, hypotheses, references)

@@ -65,6 +65,12 @@ def ranked_bleu(experiment: Experiment) -> str:
     return "sacrebleu" if experiment.data.text_form == "raw" else "multi30k_bleu"
 
 
+def scores_multi30k_bleu(experiment: Experiment) -> bool:
+    """Whether `score` adds Multi30K BLEU: for Multi30K data, and for a run trained on
+    lowercased tokens (data.text_form) on any data."""
+    return experiment.data.source == "multi30k" or experiment.data.text_form != "raw"
+
+
 def score(
     experiment: Experiment, hypotheses: list[str], references: list[str]
 ) -> tuple[BleuResult, BleuResult, BleuResult | None]:
@@ -72,8 +78,7 @@ def score(
     sacre = sacre_bleu(hypotheses, references)
     tokenized = tokenized_bleu(hypotheses, references, lang=lang)
     m30k = None
-    # A run trained on lowercased tokens (data.text_form) is scored this way on any data.
-    if experiment.data.source == "multi30k" or experiment.data.text_form != "raw":
+    if scores_multi30k_bleu(experiment):
         # The official tok/*.lc.norm.tok.* references are exactly this preprocessing of
         # the raw references (checked in tests), so downloaded data scores the same way.
         m30k = multi30k_bleu(hypotheses, multi30k_tokenize(references, lang=lang), lang=lang)

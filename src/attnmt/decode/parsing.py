@@ -89,6 +89,11 @@ def bracketed_lines(trees: Sequence[Tree | None]) -> list[str]:
     return ["" if tree is None else to_bracketed(tree) for tree in trees]
 
 
+def parse_scalars(s: ParseScores) -> dict[str, float]:
+    """The figures logged to TensorBoard for a parsing split (evaluate and training)."""
+    return {"f1": s.f1, "precision": s.precision, "recall": s.recall, "exact": s.exact_match}
+
+
 @dataclasses.dataclass(frozen=True)
 class ParseSplitScores:
     split: str
@@ -99,8 +104,7 @@ class ParseSplitScores:
     gold_path: Path
 
     def scalars(self) -> dict[str, float]:
-        s = self.scores
-        return {"f1": s.f1, "precision": s.precision, "recall": s.recall, "exact": s.exact_match}
+        return parse_scalars(self.scores)
 
     def format(self) -> str:
         return (

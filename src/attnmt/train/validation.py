@@ -12,7 +12,7 @@ import jax
 from attnmt.data.pipeline import BatchIterator, TokenizedCorpus
 from attnmt.data.treebank import Tree
 from attnmt.decode.evaluation import score
-from attnmt.decode.parsing import parse_and_score
+from attnmt.decode.parsing import parse_and_score, parse_scalars
 from attnmt.decode.translate import Translator
 from attnmt.parallel.sharding import put_batch
 from attnmt.train import step as steps
@@ -70,5 +70,4 @@ class Validation:
         COLLINS.prm figures, the parses given the gold tags), by every process alike."""
         self.translator.set_params([params])
         parses = parse_and_score(self.translator, self.parse_gold, self.program.experiment.data)
-        s = parses.scores
-        return {"f1": s.f1, "precision": s.precision, "recall": s.recall, "exact": s.exact_match}
+        return parse_scalars(parses.scores)
