@@ -9,6 +9,7 @@ import pytest
 
 from attnmt.common import PAD_ID
 from attnmt.config.train import OptimConfig
+from attnmt.errors import ConfigError
 from attnmt.train.loss import loss_sums, token_losses
 from attnmt.train.optim import make_optimizer, paper_schedule
 
@@ -43,6 +44,50 @@ def test_adam_uses_the_paper_hyperparameters():
     expected = -lr[1] * (m / (1 - b1**2)) / (np.sqrt(v / (1 - b2**2)) + eps)
     np.testing.assert_allclose(u2["w"], expected, rtol=1e-5)
     assert isinstance(optimizer, optax.GradientTransformation)
+
+
+@pytest.mark.parametrize("algorithm", ["adam", "sgd"])
+def test_weight_decay_is_decoupled_and_spares_biases_and_scales(algorithm):
+    # Loshchilov & Hutter's AdamW: w ← w - lr·(m̂/(√v̂ + ε) + λ·w), the decay outside the
+    # moments; for SGD the same reads w ← w - lr·(g + λ·w). Vectors (biases, layer-norm
+    # scales) are not decayed. Reference: float64 NumPy, two updates.
+    wd, b1, b2, eps = 0.3, 0.9, 0.98, 1e-9
+    config = OptimConfig(warmup_steps=10, weight_decay=wd, algorithm=algorithm)
+    optimizer = make_optimizer(config, d_model=4)
+    rng = np.random.default_rng(0)
+    params = {"kernel": rng.normal(size=(3, 2)), "bias": rng.normal(size=3)}
+    grads = [{k: rng.normal(size=v.shape) for k, v in params.items()} for _ in range(2)]
+    lr = [4**-0.5 * min(s**-0.5, s * 10**-1.5) for s in (1, 2)]
+
+    jax_params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+    state = optimizer.init(jax_params)
+    expected = {k: v.copy() for k, v in params.items()}
+    moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
+    for t, g in enumerate(grads, start=1):
+        g32 = {k: jnp.asarray(v, jnp.float32) for k, v in g.items()}
+        updates, state = optimizer.update(g32, state, jax_params)
+        jax_params = optax.apply_updates(jax_params, updates)
+        for name, w in expected.items():
+            if algorithm == "adam":
+                m, v = moments[name]
+                m, v = b1 * m + (1 - b1) * g[name], b2 * v + (1 - b2) * g[name] ** 2
+                moments[name] = (m, v)
+                step = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+            else:
+                step = g[name]
+            decay = wd * w if w.ndim >= 2 else 0.0
+            expected[name] = w - lr[t - 1] * (step + decay)
+    for name in params:
+        # float32 arithmetic on values of order 1 over two updates
+        np.testing.assert_allclose(jax_params[name], expected[name], rtol=1e-5, atol=1e-6)
+    # The decay is what moved the kernel apart from plain Adam/SGD: without it the kernel
+    # would differ from the reference by lr·λ·w, far beyond the tolerance.
+    assert np.abs(lr[0] * wd * params["kernel"]).min() > 1e-4
+
+
+def test_negative_weight_decay_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"optim\.weight_decay"):
+        OptimConfig(weight_decay=-0.1)
 
 
 def _numpy_smoothed(logits, targets, eps):

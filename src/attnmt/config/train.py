@@ -184,9 +184,15 @@ class OptimConfig:
     # metrics); `attnmt evaluate --ema` and `attnmt average --ema` decode with it, and so
     # does train.test_at_end. 0 = none (the paper averages checkpoints instead).
     ema_decay: float = 0.0
+    # >0: decoupled weight decay (AdamW, Loshchilov & Hutter 2019): every update also moves
+    # each weight matrix and embedding by -rate * weight_decay * value; biases and layer-norm
+    # scales are not decayed (train/optim.py). 0 = none, as in the paper.
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, "optim")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay must be ≥ 0, got {self.weight_decay}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.warmup_steps <= 0:

@@ -68,9 +68,23 @@ def make_optimizer(
 def optimizer_with_schedule(
     config: OptimConfig, schedule: optax.Schedule
 ) -> optax.GradientTransformation:
-    """Adam (or SGD) at `schedule`'s rate, after `optim.max_grad_norm` clipping."""
+    """Adam (or SGD) at `schedule`'s rate, after `optim.max_grad_norm` clipping, with
+    `optim.weight_decay` decoupled from the gradient's moments (AdamW)."""
     if config.algorithm == "sgd":
         update = optax.sgd(schedule)
+        if config.weight_decay > 0:
+            # For SGD, decay added to the gradient is already decoupled: -rate·(g + λ·w).
+            decay = optax.add_decayed_weights(config.weight_decay, mask=decayed_weights)
+            update = optax.chain(decay, update)
+    elif config.weight_decay > 0:
+        update = optax.adamw(
+            schedule,
+            b1=config.beta1,
+            b2=config.beta2,
+            eps=config.epsilon,
+            weight_decay=config.weight_decay,
+            mask=decayed_weights,
+        )
     else:
         update = optax.adam(schedule, b1=config.beta1, b2=config.beta2, eps=config.epsilon)
     if config.max_grad_norm > 0:
@@ -78,6 +92,12 @@ def optimizer_with_schedule(
     if config.ema_decay > 0:
         update = optax.chain(update, params_ema(config.ema_decay))
     return update
+
+
+def decayed_weights(params: Any) -> Any:
+    """True for the parameters weight decay shrinks: matrices and embeddings (two or more
+    axes), not biases or layer-norm scales, whose size says nothing of overfitting."""
+    return jax.tree_util.tree_map(lambda p: jnp.ndim(p) >= 2, params)
 
 
 class ParamsEMAState(NamedTuple):
