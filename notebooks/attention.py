@@ -147,10 +147,10 @@ else:
         config, params, src_ids, tgt_ids, [*source_words, "</s>"], [*target_words, "</s>"]
     )
 
-LAST_LAYER = view.num_layers - 1
+LAST_LAYER = view.deepest - 1  # both stacks are 2 deep here
 print("source:     ", " ".join(view.source))
 print("translation:", " ".join(view.target))
-print(f"{view.num_layers} layers × {view.num_heads} heads")
+print(f"{view.depth('encoder')} + {view.depth('decoder')} layers × {view.num_heads} heads")
 
 # %% [markdown]
 # ## One head
@@ -250,12 +250,12 @@ if ipywidgets is not None:
     ipywidgets.interact(
         show_head,
         kind=list(KINDS),
-        layer=ipywidgets.IntSlider(value=view.num_layers, min=1, max=view.num_layers),
+        layer=ipywidgets.IntSlider(value=view.deepest, min=1, max=view.deepest),
         head=ipywidgets.IntSlider(value=1, min=1, max=view.num_heads),
     )
 else:
     for kind in KINDS:
-        display(layer_figure(view, kind, LAST_LAYER))
+        display(layer_figure(view, kind, view.depth(kind) - 1))
 
 # %% [markdown]
 # ## Writing the figures to files

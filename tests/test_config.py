@@ -72,6 +72,8 @@ def test_overrides_are_typed():
         ("--config.model.positional=rotary", "model.positional"),
         ("--config.train.label_smoothing=1.5", "train.label_smoothing"),
         ("--config.optim.warmup_steps=0", "optim.warmup_steps"),
+        ("--config.optim.weight_decay=-0.01", "optim.weight_decay"),
+        ("--config.model.num_decoder_layers=-1", "model.num_decoder_layers"),
         ("--config.data.tokens_per_batch=0", "data.tokens_per_batch"),
         ("--config.data.pack_source_length=32", "data.pack_source_length"),  # not packed
         ("--config.data.pack_source_length=-1", "data.pack_source_length"),
@@ -83,6 +85,14 @@ def test_overrides_are_typed():
 def test_bad_values_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         _experiment("tiny.py", override)
+
+
+def test_a_stack_of_its_own_depth_leaves_the_other_at_num_layers():
+    model = _experiment("tiny.py", "--config.model.num_decoder_layers=1").model
+    assert (model.encoder_layers, model.decoder_layers) == (model.num_layers, 1)
+    assert model.num_layers != 1
+    expected = f"model.num_layers={model.num_layers}, model.num_decoder_layers=1"
+    assert model.depth_settings() == expected
 
 
 def test_unknown_variant_lists_the_valid_ones():

@@ -74,7 +74,7 @@ def test_layer_figure_has_one_panel_per_head_labelled_outside(view):
 
 def test_model_figure_shows_every_layer_and_head_without_ticks(view):
     figure = model_figure(view, "cross")
-    assert len(figure.axes) == view.num_layers * view.num_heads
+    assert len(figure.axes) == view.depth("encoder") * view.num_heads
     assert [ax.get_title() for ax in figure.axes] == ["head 1", "head 2", "", ""]
     assert [ax.get_ylabel() for ax in figure.axes] == ["layer 1", "", "layer 2", ""]
     assert all(not ax.get_xticks().size and not ax.get_yticks().size for ax in figure.axes)
@@ -120,9 +120,9 @@ def test_statistics_figure_has_a_map_per_kind_and_statistic(view):
     cross_distance = np.ma.filled(maps[2 * len(STATISTICS) + 1].images[0].get_array(), np.nan)
     assert np.all(np.isnan(cross_distance))  # blank: undefined across two sentences
     entropy = maps[0].images[0].get_array()
-    assert entropy.shape == (view.num_layers, view.num_heads)
+    assert entropy.shape == (view.depth("encoder"), view.num_heads)
     assert entropy[1, 0] == pytest.approx(next(r.entropy for r in rows if r.layer == 1))
-    assert len(maps[0].texts) == view.num_layers * view.num_heads  # small grid: annotated
+    assert len(maps[0].texts) == view.depth("encoder") * view.num_heads  # small grid: annotated
 
 
 def test_write_figures_writes_every_figure_and_an_index(view, tmp_path):
@@ -159,3 +159,26 @@ def test_missing_matplotlib_names_the_extra(view, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'attnmt\[viz\]'"):
         head_figure(view, "encoder", 0, 0)
+
+
+def test_stacks_of_different_depths_draw_their_own_layers(tmp_path):
+    # A 3-layer encoder under a 1-layer decoder: the decoder and cross kinds have one layer.
+    config = tiny_model(
+        vocab_size=20, d_model=32, d_k=16, d_v=16, num_encoder_layers=3, num_decoder_layers=1
+    )
+    tokens = jnp.ones((1, 6), jnp.int32)
+    variables = Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens)
+    params = nn.meta.unbox(variables["params"])
+    src_ids, tgt_ids = [5, 6, 7, 5, 8, EOS_ID], [9, 10, 11, 12, EOS_ID]
+    uneven = view_from_ids(config, params, src_ids, tgt_ids, SOURCE, TARGET)
+    assert [uneven.depth(kind) for kind in KINDS] == [3, 1, 1] and uneven.deepest == 3
+    with pytest.raises(ValueError, match="layer 1 is out of range"):
+        head_figure(uneven, "cross", 1, 0)
+    rows = head_statistics([uneven])
+    assert len(rows) == (3 + 1 + 1) * config.num_heads
+    paths = write_figures(uneven, tmp_path, heads=[0], statistics_rows=rows)
+    expected = {"alignment.png", "statistics.png", "statistics.csv", "index.md"}
+    expected |= expected_kind_files("encoder", (1, 2, 3), (1,), query=3)
+    for kind in ("decoder", "cross"):
+        expected |= expected_kind_files(kind, (1,), (1,), query=2)
+    assert {path.name for path in paths} == expected

@@ -143,7 +143,7 @@ def test_scanned_parameters_give_the_same_view_and_ablation(params, view):
     from attnmt.model.layout import stack_layers
 
     scanned = dataclasses.replace(CONFIG, scan_layers=True)
-    stacked = stack_layers(params, CONFIG.num_layers)
+    stacked = stack_layers(params, CONFIG)
     pieces = [f"s{i}" for i in SRC], [f"t{i}" for i in TGT]
     again = view_from_ids(scanned, stacked, SRC, TGT, *pieces)
     for kind in view.weights:

@@ -56,7 +56,7 @@ CONFIG_REFUSALS = [
     ("config.json", {"add_final_layer_norm": True}, "add_final_layer_norm"),
     ("config.json", {"add_bias_logits": True}, "add_bias_logits"),
     ("config.json", {"static_position_embeddings": False}, "static_position_embeddings"),
-    ("config.json", {"decoder_layers": 3}, "decoder_layers"),
+    ("config.json", {"decoder_layers": 0}, "decoder_layers"),
     ("config.json", {"decoder_attention_heads": 2}, "decoder_attention_heads"),
     ("config.json", {"decoder_ffn_dim": 128}, "decoder_ffn_dim"),
     ("config.json", {"decoder_vocab_size": 50}, "decoder_vocab_size"),

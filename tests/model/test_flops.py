@@ -37,7 +37,13 @@ def _matmul_flops(jaxpr) -> int:
 
 
 @pytest.mark.parametrize(
-    "sizes", [dict(d_k=8, d_v=8, num_heads=2), dict(d_k=5, d_v=7, num_heads=3)]
+    "sizes",
+    [
+        dict(d_k=8, d_v=8, num_heads=2),
+        dict(d_k=5, d_v=7, num_heads=3),
+        # a deep encoder under a shallow decoder: each stack counted at its own depth
+        dict(d_k=8, d_v=8, num_heads=2, num_encoder_layers=3, num_decoder_layers=1),
+    ],
 )
 def test_padded_count_equals_every_traced_matmul(sizes):
     config = tiny_model(vocab_size=40, d_model=12, d_ff=20, **sizes)

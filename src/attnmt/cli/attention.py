@@ -82,7 +82,7 @@ def _figures(run, translator, args: argparse.Namespace, out: Path) -> int:
             view,
             out,
             kinds=tuple(args.kind) if args.kind else KINDS,
-            layers=_zero_based(args.layer, view.num_layers, "layer"),
+            layers=_zero_based(args.layer, view.deepest, "layer"),
             heads=_zero_based(args.head, view.num_heads, "head"),
             query=args.query,
             statistics_rows=rows,

@@ -16,7 +16,8 @@ def _cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:
     experiment = import_marian(args.hf_dir, args.workdir)
     model = experiment.model
     print(
-        f"imported {args.hf_dir} into {args.workdir}: {model.num_layers} layers, d_model "
+        f"imported {args.hf_dir} into {args.workdir}: {model.encoder_layers} encoder and "
+        f"{model.decoder_layers} decoder layers, d_model "
         f"{model.d_model}, {model.vocab_size} pieces, {model.activation}"
     )
     return 0

@@ -224,10 +224,18 @@ def gather(root: str) -> list[RunSummary]:
     return sorted(summaries, key=lambda summary: _natural_key(summary.name))
 
 
+def stack_depths(model: dict[str, Any]) -> Any:
+    """Column N: num_layers, or "encoder/decoder" depths where a stack has its own."""
+    n = model.get("num_layers")
+    encoder = model.get("num_encoder_layers") or n
+    decoder = model.get("num_decoder_layers") or n
+    return n if encoder == decoder else f"{encoder}/{decoder}"
+
+
 # (header, value) for each column of the printed table, in the paper's order.
 COLUMNS = [
     ("run", lambda s: s.name),
-    ("N", lambda s: s.section("model").get("num_layers")),
+    ("N", lambda s: stack_depths(s.section("model"))),
     ("d_model", lambda s: s.section("model").get("d_model")),
     ("d_ff", lambda s: s.section("model").get("d_ff")),
     ("h", lambda s: s.section("model").get("num_heads")),
@@ -273,7 +281,7 @@ def csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             {
                 "run": s.name,
                 "workdir": s.workdir,
-                "N": model.get("num_layers"),
+                "N": stack_depths(model),
                 "d_model": model.get("d_model"),
                 "d_ff": model.get("d_ff"),
                 "h": model.get("num_heads"),

@@ -20,7 +20,7 @@ from flax.core import unfreeze
 
 from attnmt.config.model import ModelConfig
 from attnmt.decode.translate import Translator
-from attnmt.inspection.view import KINDS, module_name
+from attnmt.inspection.view import KINDS, module_name, stack_of
 from attnmt.model import layout
 
 Scorer = Callable[[list[str], list[str]], float]
@@ -29,9 +29,10 @@ Scorer = Callable[[list[str], list[str]], float]
 def without_head(config: ModelConfig, params: Any, kind: str, layer: int, head: int) -> Any:
     """A copy of (per-layer or stacked) `params` in which one head contributes nothing."""
     config, params = layout.for_decoding(config, params)
-    if not 0 <= layer < config.num_layers or not 0 <= head < config.num_heads:
+    depth = config.stack_depth(stack_of(kind))
+    if not 0 <= layer < depth or not 0 <= head < config.num_heads:
         raise ValueError(
-            f"layer {layer} / head {head} outside the model's {config.num_layers} layers × "
+            f"layer {layer} / head {head} outside the {stack_of(kind)}'s {depth} layers × "
             f"{config.num_heads} heads"
         )
     stack, module = module_name(kind, layer).split("/")
@@ -82,7 +83,7 @@ def ablate_heads(
     rows = []
     try:
         for kind in kinds:
-            for layer in range(per_layer.num_layers):
+            for layer in range(per_layer.stack_depth(stack_of(kind))):
                 for head in range(per_layer.num_heads):
                     translator.set_params([without_head(config, params, kind, layer, head)])
                     bleu = score(translator.translate(sources), references)

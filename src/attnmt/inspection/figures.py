@@ -86,7 +86,7 @@ def _check(
 ) -> None:
     check_kind(kind)
     if layer is not None:
-        check_index("layer", layer, view.num_layers)
+        check_index("layer", layer, view.depth(kind))
     if head is not None:
         check_index("head", head, view.num_heads)
 
@@ -196,7 +196,7 @@ def model_figure(view: AttentionView, kind: str) -> Figure:
     """Thumbnails of every layer (rows) and head (columns), each on its own colour scale:
     the shapes at a glance (diagonals, stripes, a column on EOS) to choose heads to open."""
     check_kind(kind)
-    layers, heads = view.num_layers, view.num_heads
+    layers, heads = view.depth(kind), view.num_heads
     figure = _new_figure(1.0 + 1.6 * heads, 1.0 + 1.6 * layers)
     axes = figure.subplots(layers, heads, squeeze=False)
     for layer in range(layers):
@@ -291,7 +291,7 @@ def alignment_figure(view: AttentionView, layer: int | None = None) -> Figure:
     weights = view.weights["cross"]  # [layers, heads, target, source]
     if layer is None:
         matrix = weights.mean(axis=(0, 1))
-        which = f"mean of {view.num_layers} layers × {view.num_heads} heads"
+        which = f"mean of {view.depth('cross')} layers × {view.num_heads} heads"
     else:
         _check(view, "cross", layer)
         matrix = weights[layer].mean(axis=0)

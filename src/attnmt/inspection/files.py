@@ -47,6 +47,7 @@ def _kind_figures(
 ) -> Iterator[tuple[str, Figure, str]]:
     """(file name, figure, caption) of every figure of one kind for the selection, drawn
     one at a time so that each is saved and freed before the next is drawn."""
+    layers = [layer for layer in layers if layer < view.depth(kind)]  # a shallower stack
     for layer in layers:
         for head in heads:
             name = f"{kind}_layer{layer + 1}_head{head + 1}.png"
@@ -115,7 +116,7 @@ def write_figures(
     """
     for kind in kinds:
         check_kind(kind)
-    layers = _selection("layer", layers, view.num_layers)
+    layers = _selection("layer", layers, view.deepest)
     heads = _selection("head", heads, view.num_heads)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def head_statistics(views: Sequence[AttentionView]) -> list[HeadStatistics]:
         raise ValueError("no views to summarise")
     rows = []
     for kind in KINDS:
-        for layer in range(views[0].num_layers):
+        for layer in range(views[0].depth(kind)):
             for head in range(views[0].num_heads):
                 per_view = [head_values(view, kind, layer, head) for view in views]
                 means = {s: float(np.mean([v[s] for v in per_view])) for s in STATISTICS}

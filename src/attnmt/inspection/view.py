@@ -32,6 +32,12 @@ def module_name(kind: str, layer: int) -> str:
     return f"{_STACKS[kind]}_{layer}/{_MODULES[kind]}"
 
 
+def stack_of(kind: str) -> str:
+    """The stack ("encoder" or "decoder") whose layers hold `kind`'s attention."""
+    check_kind(kind)
+    return _STACKS[kind]
+
+
 def check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown attention kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -48,9 +54,16 @@ class AttentionView:
         """The decoder's input at each position: `<s>`, then the target shifted right."""
         return ["<s>", *self.target[:-1]]
 
+    def depth(self, kind: str) -> int:
+        """The layers `kind`'s attention has: its stack's depth (model.encoder_layers or
+        model.decoder_layers)."""
+        check_kind(kind)
+        return self.weights[kind].shape[0]
+
     @property
-    def num_layers(self) -> int:
-        return self.weights["encoder"].shape[0]
+    def deepest(self) -> int:
+        """The deeper stack's depth: the range a layer number given for every kind spans."""
+        return max(self.depth(kind) for kind in KINDS)
 
     @property
     def num_heads(self) -> int:
@@ -85,7 +98,10 @@ def view_from_ids(
     maps = attention_maps(Transformer(config), params, src, tgt)
     weights = {
         kind: np.stack(
-            [maps[module_name(kind, layer)][0] for layer in range(config.num_layers)]
+            [
+                maps[module_name(kind, layer)][0]
+                for layer in range(config.stack_depth(stack_of(kind)))
+            ]
         ).astype(np.float32)
         for kind in KINDS
     }

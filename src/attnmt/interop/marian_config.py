@@ -61,6 +61,12 @@ def _check_types(hf: dict[str, Any]) -> None:
             raise _refuse(key, value, f"a token id below vocab_size={hf['vocab_size']} expected")
 
 
+def _decoder_depth(hf: dict[str, Any]) -> int:
+    """model.num_decoder_layers: 0 (= num_layers) where both stacks are equally deep."""
+    depth = hf.get("decoder_layers", hf["encoder_layers"])
+    return 0 if depth == hf["encoder_layers"] else depth
+
+
 def check_importable(hf: dict[str, Any]) -> None:
     """Refuses, naming the key, a config.json whose model attnmt would not compute alike
     (or cannot read): called before anything else of the checkpoint is read."""
@@ -78,7 +84,6 @@ def _check_supported(hf: dict[str, Any]) -> None:
         if hf.get(key, 0) not in (0, 0.0):
             raise _refuse(key, hf[key], "attnmt has no layer drop")
     pairs = (
-        ("decoder_layers", "encoder_layers", "different encoder and decoder depths"),
         ("decoder_attention_heads", "encoder_attention_heads", "different head counts"),
         ("decoder_ffn_dim", "encoder_ffn_dim", "different feed-forward widths"),
     )
@@ -112,6 +117,7 @@ def model_options(hf: dict[str, Any], decoder_start_id: int) -> dict[str, Any]:
         "d_k": hf["d_model"] // heads,
         "d_v": hf["d_model"] // heads,
         "num_layers": hf["encoder_layers"],
+        "num_decoder_layers": _decoder_depth(hf),
         "dropout_rate": float(hf.get("dropout", 0.1)),
         "attention_dropout_rate": float(hf.get("attention_dropout", 0.0)),
         "activation_dropout_rate": float(hf.get("activation_dropout", 0.0)),
@@ -176,8 +182,8 @@ def marian_kwargs(
         "vocab_size": model.vocab_size,
         "decoder_vocab_size": model.vocab_size,
         "d_model": model.d_model,
-        "encoder_layers": model.num_layers,
-        "decoder_layers": model.num_layers,
+        "encoder_layers": model.encoder_layers,
+        "decoder_layers": model.decoder_layers,
         "encoder_attention_heads": model.num_heads,
         "decoder_attention_heads": model.num_heads,
         "encoder_ffn_dim": model.d_ff,

@@ -33,7 +33,7 @@ def _pairs(config: ModelConfig) -> Iterator[tuple[str, str, str]]:
     """(attnmt path, Marian key, kind) of every layer parameter; kind says how to convert."""
     stacks = (("encoder", _ENCODER_PARTS), ("decoder", _DECODER_PARTS))
     for stack, parts in stacks:
-        for i in range(config.num_layers):
+        for i in range(config.stack_depth(stack)):
             ours, theirs = f"{stack}_{i}", f"model.{stack}.layers.{i}"
             for part, module in parts.items():
                 if part.endswith("norm"):

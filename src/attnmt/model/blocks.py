@@ -151,7 +151,7 @@ class EncoderStack(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array, *, train: bool) -> jax.Array:
-        stack = _scanned(_ScanEncoderLayer, 1, self.config.num_layers)
+        stack = _scanned(_ScanEncoderLayer, 1, self.config.encoder_layers)
         x, _ = stack(self.config, train=train, name="layers")(x, mask)
         return x
 
@@ -172,6 +172,6 @@ class DecoderStack(nn.Module):
         *,
         train: bool,
     ) -> jax.Array:
-        stack = _scanned(_ScanDecoderLayer, 3, self.config.num_layers)
+        stack = _scanned(_ScanDecoderLayer, 3, self.config.decoder_layers)
         x, _ = stack(self.config, train=train, name="layers")(x, encoded, self_mask, cross_mask)
         return x

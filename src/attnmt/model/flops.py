@@ -41,9 +41,10 @@ def forward_flops_parts(
 ) -> dict[str, float]:
     """Matmul FLOPs of one teacher-forced forward pass, counting real tokens only.
 
-    One multiply-add is 2 FLOPs. With d = d_model, N layers, h heads, V vocabulary and,
+    One multiply-add is 2 FLOPs. With d = d_model, h heads, V vocabulary and,
     per sentence, s real source and t real target tokens (both including EOS; the decoder
-    sees t positions: BOS + t−1 tokens):
+    sees t positions: BOS + t−1 tokens), summed over model.encoder_layers and
+    model.decoder_layers:
 
       encoder, per layer:  s · 2·(d·h·(2·d_k + d_v) + h·d_v·d)          Q, K, V, output
                          + s · 2·(2·d·d_ff)                            FFN
@@ -68,16 +69,18 @@ def forward_flops_parts(
     qkvo = d * h * (2 * dk + dv) + h * dv * d
     ffn = 2 * d * c.d_ff
     attend = 2 * h * (dk + dv)  # per (query, key) pair: scores and weighted values
-    dense = (
-        s * 2 * (qkvo + ffn)  # encoder
-        + t * 2 * (qkvo + ffn)  # decoder self-attention and FFN
-        + t * 2 * (d * h * dk + h * dv * d)  # decoder cross-attention queries and output
-        + s * 2 * d * h * (dk + dv)  # decoder cross-attention keys and values
+    encoder_dense = s * 2 * (qkvo + ffn)
+    decoder_dense = (
+        t * 2 * (qkvo + ffn)  # self-attention and FFN
+        + t * 2 * (d * h * dk + h * dv * d)  # cross-attention queries and output
+        + s * 2 * d * h * (dk + dv)  # cross-attention keys and values
     )
-    attention = s * s * attend + t * (t + 1) / 2 * attend + t * s * attend
+    encoder_attention = s * s * attend
+    decoder_attention = t * (t + 1) / 2 * attend + t * s * attend
+    n_enc, n_dec = c.encoder_layers, c.decoder_layers
     return {
-        "dense": float(np.sum(c.num_layers * dense)),
-        "attention": float(np.sum(c.num_layers * attention)),
+        "dense": float(np.sum(n_enc * encoder_dense + n_dec * decoder_dense)),
+        "attention": float(np.sum(n_enc * encoder_attention + n_dec * decoder_attention)),
         "output": float(np.sum(t * 2 * c.vocab_size * d)),
     }
 
@@ -99,7 +102,7 @@ def padded_forward_flops(model: Any, rows: int, src_len: int, tgt_len: int) -> f
     src = np.full(rows, src_len, np.float64)
     tgt = np.full(rows, tgt_len, np.float64)
     masked_half = (tgt * tgt - tgt * (tgt + 1) / 2) * 2 * c.num_heads * (c.d_k + c.d_v)
-    return forward_flops(c, src, tgt) + float(c.num_layers * np.sum(masked_half))
+    return forward_flops(c, src, tgt) + float(c.decoder_layers * np.sum(masked_half))
 
 
 def batch_train_flops(model: Any, batch: dict[str, np.ndarray]) -> tuple[float, float]:

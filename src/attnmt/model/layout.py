@@ -2,7 +2,7 @@
 
 per-layer (`model.scan_layers=False`, the default): params["encoder_0"], ["encoder_1"], ...
 stacked (`model.scan_layers=True`): params["encoder"]["layers"] holds every encoder layer's
-arrays with a leading axis of size num_layers, likewise "decoder". Stacking only moves
+arrays with a leading axis of size model.encoder_layers, likewise "decoder". Stacking only moves
 arrays, so a checkpoint converts both ways bit for bit.
 """
 
@@ -27,23 +27,23 @@ def _plain(tree: Any) -> dict[str, Any]:
     return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
 
 
-def unstack_layers(params: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
+def unstack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
     """Stacked layout → per-layer layout (a no-op for per-layer params)."""
     out = _plain(params)
     for stack in _STACKS:
         if stack not in out:
             continue
         layers = out.pop(stack)["layers"]
-        for i in range(num_layers):
+        for i in range(config.stack_depth(stack)):
             out[f"{stack}_{i}"] = jax.tree_util.tree_map(lambda a, i=i: a[i], layers)
     return out
 
 
-def stack_layers(params: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
+def stack_layers(params: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
     """Per-layer layout → stacked layout (a no-op for stacked params)."""
     out = _plain(params)
     for stack in _STACKS:
-        names = [f"{stack}_{i}" for i in range(num_layers)]
+        names = [f"{stack}_{i}" for i in range(config.stack_depth(stack))]
         if names[0] not in out:
             continue
         per_layer = [out.pop(name) for name in names]
@@ -58,5 +58,5 @@ def for_decoding(config: ModelConfig, params: Any) -> tuple[ModelConfig, Any]:
     (parameters given later)."""
     if not config.scan_layers:
         return config, params
-    per_layer = None if params is None else unstack_layers(params, config.num_layers)
+    per_layer = None if params is None else unstack_layers(params, config)
     return dataclasses.replace(config, scan_layers=False), per_layer

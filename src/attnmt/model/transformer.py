@@ -78,10 +78,10 @@ class Transformer(nn.Module):
             self.decoder_stack = DecoderStack(cfg, name="decoder")
         else:
             self.encoder_layers = [
-                EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.num_layers)
+                EncoderLayer(cfg, name=f"encoder_{i}") for i in range(cfg.encoder_layers)
             ]
             self.decoder_layers = [
-                DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.num_layers)
+                DecoderLayer(cfg, name=f"decoder_{i}") for i in range(cfg.decoder_layers)
             ]
         self.embedding_dropout = nn.Dropout(rate=cfg.dropout_rate)
         # One mask value per token, shared by its features: a dropped word's embedding is 0.

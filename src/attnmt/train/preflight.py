@@ -96,7 +96,7 @@ def _remedies(experiment: Experiment, fitting_tokens: int | None) -> str:
         f"train.grad_accum_steps (now {train.grad_accum_steps}; each micro-batch then holds "
         "tokens_per_batch / grad_accum_steps tokens), or shrink the model "
         f"(model.d_model={model.d_model}, model.d_ff={model.d_ff}, "
-        f"model.num_layers={model.num_layers}, model.vocab_size={model.vocab_size}). "
+        f"{model.depth_settings()}, model.vocab_size={model.vocab_size}). "
         "train.memory_preflight=false skips this check"
     )
 
@@ -119,7 +119,7 @@ def check_fits(
         raise ConfigError(
             f"{need}. The parameters and Adam moments alone do not fit: shrink the model "
             f"(model.d_model={model.d_model}, model.d_ff={model.d_ff}, "
-            f"model.num_layers={model.num_layers}, model.vocab_size={model.vocab_size})"
+            f"{model.depth_settings()}, model.vocab_size={model.vocab_size})"
         )
     # Activations grow about linearly with the tokens of a micro-batch.
     room = (limit_bytes - estimate.state_bytes) / max(estimate.other_bytes, 1)
