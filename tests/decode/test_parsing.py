@@ -212,17 +212,21 @@ def test_a_trained_parser_is_evaluated_and_parses_any_line(
         }
     assert f"evalb -p COLLINS.prm {gold_file} {tagged_file}" in out
 
-    # F1 during training (train.f1_every_steps) is EVALB's F1 of the parses `attnmt
-    # evaluate` writes for the same step, and keep_best_by=f1 kept its best step.
-    logged = event_scalars(workdir / "tensorboard" / "f1", "f1")
+    # F1 during training (train.f1_every_steps) parses with the run's moving average (the
+    # sample keeps one: optim.ema_decay), logged as ema_f1: EVALB's F1 of the parses
+    # `attnmt evaluate --ema` writes for the same step; keep_best_by=f1 kept its best step.
+    logged = event_scalars(workdir / "tensorboard" / "f1", "ema_f1")
     assert sorted(logged) == [3, 6]
     best_value = max(logged.values())
     best_step = min(step for step, value in logged.items() if value == best_value)
     assert CheckpointManager(workdir).best() == (best_step, pytest.approx(best_value, abs=1e-6))
-    assert main(["evaluate", "--workdir", str(workdir), "--split", "dev", "--step", "3"]) == 0
-    capsys.readouterr()
+    for step in ("3", "best", "6"):
+        argv = ["evaluate", "--workdir", str(workdir), "--split", "dev", "--ema"]
+        assert main([*argv, "--step", step, *decode]) == 0
+        chosen = best_step if step == "best" else int(step)
+        assert f"moving average of step {chosen} in" in capsys.readouterr().err
     for step in (3, 6):
-        prefix = workdir / "decodes" / f"dev-step{step}-beam1"
+        prefix = workdir / "decodes" / f"dev-step{step}-ema-beam1"
         theirs = evalb.run(Path(f"{prefix}.gold.trees"), Path(f"{prefix}.tagged.trees")).all
         printed = 0.0 if "nan" in theirs.f1 else float(theirs.f1)
         # To EVALB's two decimals (half a unit of the last, plus TensorBoard's float32).

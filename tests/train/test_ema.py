@@ -132,6 +132,24 @@ def test_ema_workdir_holds_the_average_as_its_params(tmp_path, with_target):
     ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
+    # An older step's average, by number: step 10 holds the untouched state's own average.
+    result = ema_checkpoint(workdir, abstract_state=abstract, overwrite=True, step=10)
+    assert result.step == 10
+    reader = CheckpointManager(workdir / "ema")
+    assert reader.all_steps() == [10]
+    written, _, _ = reader.restore(10, jax.eval_shape(lambda: state))
+    reader.close()
+    for got, want in zip(
+        jax.tree_util.tree_leaves(written.params),
+        jax.tree_util.tree_leaves(find_ema_params(state.opt_state)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(CheckpointError, match=r"no step 15 .*present: 10, 20"):
+        ema_checkpoint(workdir, overwrite=True, step=15)
+    with pytest.raises(CheckpointError, match="no best checkpoint"):
+        ema_checkpoint(workdir, overwrite=True, step="best")
+
 
 def test_ema_of_a_run_without_one_says_which_key_to_set(tmp_path):
     state, _ = _tiny_state(0.0)
@@ -187,6 +205,10 @@ def test_training_reports_and_decodes_the_average(reversal_corpus, tmp_path, cap
     (workdir / "ema" / "config.json").unlink()  # evaluate --ema writes the workdir afresh
     assert main(["evaluate", "--workdir", str(workdir), "--split", "test", "--ema"]) == 0
     assert decoded.is_file() and (workdir / "ema" / "config.json").is_file()
-    argv = ["evaluate", "--workdir", str(workdir), "--ema", "--step", "30"]
-    assert main(argv) == 2
-    assert "drop --step" in capsys.readouterr().err
+    # --step picks another step's average: the file names that step.
+    argv = ["evaluate", "--workdir", str(workdir), "--split", "test", "--ema", "--step", "15"]
+    assert main(argv) == 0
+    assert (workdir / "decodes" / "test-step15-ema-beam4.tgt").is_file()
+    assert "moving average of step 15 in" in capsys.readouterr().err
+    assert main(["average", "--workdir", str(workdir), "--step", "15"]) == 2
+    assert "--step goes with --ema" in capsys.readouterr().err

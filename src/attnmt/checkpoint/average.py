@@ -176,15 +176,17 @@ def ema_checkpoint(
     output_dir: str | os.PathLike | None = None,
     abstract_state: Any | None = None,
     overwrite: bool = False,
+    step: int | str | None = None,
 ) -> AverageResult:
-    """Writes a workdir whose one checkpoint is the newest step with its parameters
-    replaced by their moving average (optim.ema_decay). Default output: <workdir>/ema."""
+    """Writes a workdir whose one checkpoint is the newest step (or `step`: a number, or
+    "best", the step train.keep_best_by kept) with its parameters replaced by their moving
+    average (optim.ema_decay). Default output: <workdir>/ema."""
     workdir = as_path(workdir, "--workdir")
     where = checkpoint_dir(workdir)
     output = _checked_output(workdir, where, 1, "ema", output_dir, overwrite)
     reader = partial_reader(where)
     try:
-        step = _last_steps(reader, where, 1)[-1]
+        step = _one_step(reader, workdir, where, step)
         metadata = _state_metadata(reader, where, step)
         state, data_state, config = _restore_newest(reader, workdir, step, metadata, abstract_state)
     finally:
@@ -209,6 +211,31 @@ def ema_checkpoint(
     _copy_workdir_files(workdir, output)
     log.info("wrote the moving average of %s/%d into %s", where, step, checkpoint_dir(output))
     return AverageResult(output_dir=output, steps=(step,), step=step)
+
+
+def _one_step(
+    reader: ocp.CheckpointManager, workdir: Path, where: str, step: int | str | None
+) -> int:
+    """The step asked for: the newest when None; "best" as `--step best` reads it."""
+    if step is None:
+        return _last_steps(reader, where, 1)[-1]
+    if step == "best":
+        manager = CheckpointManager(workdir)
+        try:
+            best = manager.best()
+        finally:
+            manager.close()
+        if best is None:
+            raise CheckpointError(
+                f"no best checkpoint in {where}: it is kept by runs trained with "
+                "train.keep_best_by (loss, bleu or f1) once they have evaluated"
+            )
+        return best[0]
+    step = int(step)
+    if step not in reader.all_steps():
+        present = ", ".join(str(s) for s in sorted(reader.all_steps())) or "none"
+        raise CheckpointError(f"no step {step} in {where} (present: {present})")
+    return step
 
 
 def _copy_workdir_files(workdir: Path, output: Path) -> None:

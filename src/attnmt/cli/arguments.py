@@ -92,7 +92,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     averaged.add_argument(
         "--ema",
         action="store_true",
-        help="decode the newest checkpoint's moving average of the parameters (optim.ema_decay)",
+        help="decode the moving average of the parameters (optim.ema_decay) of the newest "
+        "checkpoint, or of --step's",
     )
     parser.add_argument(
         "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
@@ -158,16 +159,14 @@ def load_runs(args: argparse.Namespace) -> list:
     its moving average with `--ema`), then `--ensemble`'s."""
     from attnmt.workdir import load_run
 
-    workdir = args.workdir
+    workdir, step = args.workdir, args.step
     last, best = getattr(args, "average_last", 0), getattr(args, "average_best", 0)
     if getattr(args, "ema", False):
         from attnmt.checkpoint.average import ema_checkpoint
 
-        if args.step is not None:
-            raise ConfigError("--ema decodes the newest checkpoint's average: drop --step")
-        result = ema_checkpoint(args.workdir, overwrite=True)
+        result = ema_checkpoint(args.workdir, overwrite=True, step=args.step)
         print(f"moving average of step {result.step} in {result.output_dir}", file=sys.stderr)
-        workdir = result.output_dir
+        workdir, step = result.output_dir, None  # its one checkpoint is that step's average
     elif last or best:
         import jax
 
@@ -178,7 +177,7 @@ def load_runs(args: argparse.Namespace) -> list:
         result = average_checkpoints(args.workdir, last, overwrite=True, best=best)
         print(f"averaged steps {list(result.steps)} into {result.output_dir}", file=sys.stderr)
         workdir = result.output_dir
-    runs = [load_run(workdir, args.step)]
+    runs = [load_run(workdir, step)]
     runs += [load_run(other) for other in args.ensemble]
     check_ensemble(runs)
     return runs

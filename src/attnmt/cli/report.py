@@ -29,7 +29,9 @@ from attnmt.storage import as_path, is_remote
 
 # Preference order when a BLEU event holds several scores: the dataset's own convention
 # first (Multi30K), then the paper's tokenized BLEU, then sacreBLEU.
-BLEU_TAGS = ("multi30k_bleu", "tokenized_bleu", "sacrebleu", "bleu")
+_SCORES = ("multi30k_bleu", "tokenized_bleu", "sacrebleu")
+# A run with a moving average logs its BLEU during training as ema_* (train/loop.py).
+BLEU_TAGS = (*(p + s for s in _SCORES for p in ("", "ema_")), "bleu")
 _HEADER = struct.Struct("<Q")  # TFRecord: uint64 length, crc(length), data, crc(data)
 
 

@@ -12,6 +12,7 @@ from attnmt.cli import parse
 from attnmt.cli.arguments import (
     Overrides,
     add_decode_arguments,
+    checkpoint_step,
     decode_config,
     decoded_tag,
     load_runs,
@@ -72,7 +73,8 @@ def _add_average_command(commands: argparse._SubParsersAction) -> None:
     which.add_argument(
         "--ema",
         action="store_true",
-        help="the newest checkpoint's moving average of the parameters (optim.ema_decay)",
+        help="the moving average of the parameters (optim.ema_decay) of the newest "
+        "checkpoint, or of --step's",
     )
     which.add_argument(
         "--best",
@@ -85,6 +87,12 @@ def _add_average_command(commands: argparse._SubParsersAction) -> None:
         type=storage_path,
         default=None,
         help="default <workdir>/average-last<K>, <workdir>/average-best<N> or <workdir>/ema",
+    )
+    average.add_argument(
+        "--step",
+        type=checkpoint_step,
+        default=None,
+        help="with --ema: the checkpoint step whose average to write, or best",
     )
     average.add_argument("--overwrite", action="store_true")
     average.set_defaults(handler=run_average)
@@ -206,9 +214,11 @@ def run_average(args: argparse.Namespace, overrides: Overrides) -> int:
     if args.ema:
         from attnmt.checkpoint.average import ema_checkpoint
 
-        result = ema_checkpoint(args.workdir, args.output, overwrite=args.overwrite)
+        result = ema_checkpoint(args.workdir, args.output, overwrite=args.overwrite, step=args.step)
         print(f"wrote the moving average of step {result.step} into {result.output_dir}")
         return 0
+    if args.step is not None:
+        raise ConfigError("--step goes with --ema (--last and --best choose their own steps)")
     # --last 5 unless --best or --ema is given (argparse keeps them exclusive).
     last = 5 if args.last is None and args.best is None else args.last or 0
     result = average_checkpoints(

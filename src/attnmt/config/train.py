@@ -42,7 +42,8 @@ class TrainConfig:
     # best` reads it): "loss" = validation loss (lower is better, every eval_every_steps),
     # "bleu" = validation sacreBLEU (higher is better, every bleu_every_steps; Multi30K
     # BLEU for a run trained on lowercased tokens, data.text_form); "f1" = a parsing run's
-    # validation bracketing F1 (higher is better, every f1_every_steps); "" = off.
+    # validation bracketing F1 (higher is better, every f1_every_steps); "" = off. With
+    # optim.ema_decay each is the moving average's (train/loop.py): `--step best --ema`.
     keep_best_by: Literal["", "loss", "bleu", "f1"] = ""
     # How many steps saved as a new best to keep (the N most recent improvements, the
     # steps leading up to the best): `attnmt average --best N` averages them.

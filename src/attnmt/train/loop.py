@@ -182,6 +182,21 @@ class Trainer:
             figures.update({f"ema_{k}": v for k, v in self.validation.loss(average).items()})
         return figures
 
+    @property
+    def _scored(self) -> str:
+        """ "ema_" when the run keeps a moving average: then what the run is for (the
+        average: train.test_at_end, `--ema`) is what BLEU and F1 during training decode and
+        what train.keep_best_by ranks; "" otherwise."""
+        return "ema_" if self.experiment.optim.ema_decay > 0 else ""
+
+    def _scored_params(self) -> Any:
+        if self._scored:
+            return find_ema_params(self.state.opt_state)
+        return self.state.params
+
+    def _prefixed(self, figures: dict[str, float]) -> dict[str, float]:
+        return {self._scored + name: value for name, value in figures.items()}
+
     def _save(self, metric: float | None = None) -> bool:
         """Checkpoints the state and the data position after the last update drawn; False
         when nothing was written (mid-way through skipped updates, or saved already).
@@ -379,17 +394,17 @@ class Trainer:
             self.last_eval = self.evaluate()
             self.metrics.write("eval", step, self.last_eval)
             if train.keep_best_by == "loss":
-                saved = self._track_best(step, self.last_eval["loss"])
+                saved = self._track_best(step, self.last_eval[self._scored + "loss"])
         if self.validation.bleu_pairs and (step % train.bleu_every_steps == 0 or last):
-            bleu = self.validation.bleu(self.state.params)
+            bleu = self._prefixed(self.validation.bleu(self._scored_params()))
             self.metrics.write("bleu", step, bleu)
             if train.keep_best_by == "bleu":
-                saved = self._track_best(step, bleu[ranked_bleu(self.experiment)])
+                saved = self._track_best(step, bleu[self._scored + ranked_bleu(self.experiment)])
         if self.validation.parse_gold and (step % train.f1_every_steps == 0 or last):
-            f1 = self.validation.f1(self.state.params)
+            f1 = self._prefixed(self.validation.f1(self._scored_params()))
             self.metrics.write("f1", step, f1)
             if train.keep_best_by == "f1":
-                saved = self._track_best(step, f1["f1"])
+                saved = self._track_best(step, f1[self._scored + "f1"])
         if train.checkpoint_every_steps and step % train.checkpoint_every_steps == 0:
             saved = self._save() or saved
         return saved
