@@ -104,10 +104,4 @@ def _chosen_step(manager: CheckpointManager, present: list[int], step: int | str
         return int(step)
     if step != "best":
         raise CheckpointError(f"--step must be a step number or 'best', got {step!r}")
-    best = manager.best()
-    if best is None:
-        raise CheckpointError(
-            f"no best checkpoint in {manager.directory}: it is kept by runs trained with "
-            "train.keep_best_by (loss, bleu or f1) once they have evaluated"
-        )
-    return best[0]
+    return manager.best_step()

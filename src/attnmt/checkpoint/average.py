@@ -222,15 +222,9 @@ def _one_step(
     if step == "best":
         manager = CheckpointManager(workdir)
         try:
-            best = manager.best()
+            return manager.best_step()
         finally:
             manager.close()
-        if best is None:
-            raise CheckpointError(
-                f"no best checkpoint in {where}: it is kept by runs trained with "
-                "train.keep_best_by (loss, bleu or f1) once they have evaluated"
-            )
-        return best[0]
     step = int(step)
     if step not in reader.all_steps():
         present = ", ".join(str(s) for s in sorted(reader.all_steps())) or "none"

@@ -208,6 +208,16 @@ class CheckpointManager:
         ranked = self.ranked()
         return ranked[0] if ranked else None
 
+    def best_step(self) -> int:
+        """The step `--step best` names; refused, saying how one is kept, when none is."""
+        best = self.best()
+        if best is None:
+            raise CheckpointError(
+                f"no best checkpoint in {self.directory}: it is kept by runs trained with "
+                "train.keep_best_by (loss, bleu or f1) once they have evaluated"
+            )
+        return best[0]
+
     def ranked(self) -> list[tuple[int, float]]:
         """(step, value) of every step saved with a metric, best first (as `best`)."""
         names = [self.keep_best_by] if self.keep_best_by else list(BEST_MODES)
