@@ -114,7 +114,8 @@ def get_config(arg: str | None = None):
     # docs/REPRODUCING.md "Weight decay for the En→De hour"): λ 0.1, 8,616 updates, the
     # average's val nll 0.03-0.04 below no decay at equal updates, val Multi30K BLEU 41.32
     # (λ 0.05: 41.34) against 41.09, test 40.67 against 40.09.
-    # En→Fr, a 28-minute screen (4,061 updates): 0.03-0.04 below from 1,600 updates on.
+    # En→Fr, the same hour (sessions 31-32, 8,584 updates): 0.03-0.04 below from 1,600
+    # updates on, val 59.35 against 58.81, test 61.43 against 60.33.
     config.optim.weight_decay = 0.1
 
     config.decode.beam_size = 4
