@@ -75,7 +75,9 @@ def get_config(arg: str | None = None):
     # 23: En→De hour on both cores, 8,477 updates, val 39.42 against 39.97) both trailed in
     # val nll at every update of the hour: not adopted (docs/REPRODUCING.md). Dropout 0.1
     # (session 30, same hour, 8,678 updates) led until about 5,000 updates, then overfit:
-    # the average's nll stopped at 1.63 (1.58 here), val 40.99 against 41.09.
+    # the average's nll stopped at 1.63 (1.58 here), val 40.99 against 41.09. With decay
+    # λ 0.1 (session 32, 8,284 updates) it led the recipe by 0.08 at 3,600 updates and
+    # stopped at 1.56 (1.55 here): val 41.58 against 41.32, behind in loss, not adopted.
     config.model.dropout_rate = 0.2
     config.model.attention_dropout_rate = 0.1
     # The paper's ε_ls 0.1: 0.2 (Table 3 row D4) decoded val Multi30K BLEU 40.75 against
