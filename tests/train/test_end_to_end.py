@@ -301,22 +301,14 @@ def test_cli_train_ends_by_printing_the_test_bleu(reversal_corpus, tmp_path, cap
     assert "no test BLEU" in capsys.readouterr().out
 
 
-def test_bpe_dropout_trains_and_a_resumed_run_ends_bit_for_bit_where_one_run_does(
-    reversal_corpus, tmp_path
-):
-    """data.subword_dropout: each epoch segmented anew on the input thread; stopping after
-    25 updates (inside an epoch) and resuming gives the same parameters as one run."""
-    overrides = [
-        *reversal_overrides(reversal_corpus, 60),
-        "--config.data.pack_length=16",
-        "--config.data.subword_dropout=0.3",
-        "--config.train.checkpoint_every_steps=25",
-    ]
+def _resumed_run_ends_where_one_run_does(overrides, tmp_path):
+    """One run of 60 updates that learns, and one stopped after 25 and resumed, end on the
+    same parameters bit for bit; returns the one run."""
+    overrides = [*overrides, "--config.train.checkpoint_every_steps=25"]
     one_run = build_trainer(tiny_experiment(overrides), tmp_path / "one")
     initial = one_run.evaluate()
     one_run.run()
     assert one_run.evaluate()["nll"] < 0.8 * initial["nll"]
-    assert one_run.train_batches.epoch >= 2  # the resumed part crosses epochs
     stopped = build_trainer(
         tiny_experiment([*overrides, "--config.train.num_steps=25"]), tmp_path / "two"
     )
@@ -326,3 +318,71 @@ def test_bpe_dropout_trains_and_a_resumed_run_ends_bit_for_bit_where_one_run_doe
     leaves = jax.tree_util.tree_leaves
     for got, want in zip(leaves(resumed.state.params), leaves(one_run.state.params), strict=True):
         assert np.array_equal(np.asarray(got), np.asarray(want))
+    return one_run
+
+
+def test_bpe_dropout_trains_and_a_resumed_run_ends_bit_for_bit_where_one_run_does(
+    reversal_corpus, tmp_path
+):
+    """data.subword_dropout: each epoch segmented anew on the input thread; stopping after
+    25 updates (inside an epoch) and resuming gives the same parameters as one run."""
+    overrides = [
+        *reversal_overrides(reversal_corpus, 60),
+        "--config.data.pack_length=16",
+        "--config.data.subword_dropout=0.3",
+    ]
+    one_run = _resumed_run_ends_where_one_run_does(overrides, tmp_path)
+    assert one_run.train_batches.epoch >= 2  # the resumed part crosses epochs
+
+
+def test_early_dropout_resumed_before_its_switch_ends_bit_for_bit_where_one_run_does(
+    reversal_corpus, tmp_path
+):
+    """train.early_dropout_*: dropout 0 for 40 updates, then 0.3. Stopped at 25 and
+    resumed, the switch lies in the resumed part and comes at the same update."""
+    overrides = [
+        *reversal_overrides(reversal_corpus, 60),
+        "--config.model.dropout_rate=0.3",
+        "--config.train.early_dropout_steps=40",
+        "--config.train.early_dropout_rate=0.0",
+    ]
+    _resumed_run_ends_where_one_run_does(overrides, tmp_path)
+
+
+@pytest.mark.parametrize("accumulated", [False, True], ids=["fused", "accumulated"])
+def test_early_dropout_runs_without_dropout_until_its_step(reversal_corpus, tmp_path, accumulated):
+    """Dropout 0 for the first 12 updates, then 0.3: with SGD (updates linear in the
+    gradient, tests/equivalence.py) the first 12 are those of a run without dropout, and
+    the run of 16 is not; both through the fused step and through gradient accumulation
+    (train.max_tokens_per_device, where the loop hands the step to each micro-batch)."""
+
+    def sgd_run(steps, *extra):
+        overrides = [
+            *reversal_overrides(reversal_corpus, steps),
+            "--config.optim.algorithm=sgd",
+            "--config.train.eval_every_steps=0",
+            "--config.parallel.num_devices=1",  # 512 tokens on one device: 8 rows of 64
+            *(["--config.train.max_tokens_per_device=128"] if accumulated else []),
+            *extra,
+        ]
+        trainer = build_trainer(tiny_experiment(overrides), tmp_path / f"{steps}{extra}")
+        assert trainer.accumulation_steps == (4 if accumulated else 1)
+        start = jax.device_get(trainer.state.params)
+        trainer.run()
+        return start, jax.device_get(trainer.state.params)
+
+    phased = (
+        "--config.model.dropout_rate=0.3",
+        "--config.train.early_dropout_steps=12",
+        "--config.train.early_dropout_rate=0.0",
+    )
+    start, without = sgd_run(12)
+    _, early = sgd_run(12, *phased)
+    assert_same_updates(start, without, early, steps=12)
+    _, dropped = sgd_run(12, "--config.model.dropout_rate=0.3")
+    with pytest.raises(AssertionError):  # dropout 0.3 from the start is told apart
+        assert_same_updates(start, without, dropped, steps=12)
+    _, sixteen_without = sgd_run(16)
+    _, sixteen = sgd_run(16, *phased)
+    with pytest.raises(AssertionError):  # after update 12 the rate is 0.3
+        assert_same_updates(start, sixteen_without, sixteen, steps=16)

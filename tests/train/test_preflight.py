@@ -193,6 +193,7 @@ def test_the_preflight_checks_the_micro_batch_the_batch_plan_accumulates(corpus,
     assert max(batch * length for batch, length in trainer.shapes) <= 64
     _, batch = _longest_batch(trainer)
     compiles = _count_compiles()
-    grads, _ = trainer.program.grad_step(trainer.state.params, batch, trainer.state.dropout_rng)
+    state = trainer.state
+    grads, _ = trainer.program.grad_step(state.params, batch, state.dropout_rng, state.step)
     jax.block_until_ready(grads)
     assert compiles == []

@@ -11,6 +11,7 @@ from attnmt.common import EOS_ID, PAD_ID
 from attnmt.config.train import OptimConfig
 from attnmt.model.transformer import Transformer
 from attnmt.train import step as steps
+from attnmt.train.loss import loss_sums
 from attnmt.train.optim import make_optimizer, paper_schedule
 from tests.equivalence import LOSS_RTOL, UPDATE_RTOL, assert_same_updates
 from tests.helpers import tiny_model
@@ -144,3 +145,52 @@ def test_rbg_dropout_train_step_learns_and_repeats_exactly():
     _, threefry_losses = run(30, "threefry")
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
     assert abs(np.mean(losses[-5:]) / np.mean(threefry_losses[-5:]) - 1) < 0.15
+
+
+def test_dropout_phases_run_the_early_rate_before_the_switch_and_the_model_rate_after():
+    """train.early_dropout_*: the update's step (a traced value) picks the rate. Dropout 0
+    must give the gradients of the deterministic forward pass (an independent path: no
+    dropout module draws anything), the later phase those of the model's own rate."""
+    late = dataclasses.replace(CONFIG, dropout_rate=0.3)
+    model, early = Transformer(late), Transformer(CONFIG)  # CONFIG: dropout 0
+    phases = steps.DropoutPhases(model, early, early_steps=2)
+    optimizer = make_optimizer(OptimConfig(warmup_steps=10), late.d_model)
+    rng = np.random.default_rng(3)
+    batch = {"src_tokens": _batch(rng, 4, 6), "tgt_tokens": _batch(rng, 4, 6)}
+    state = steps.create_train_state(model, optimizer, jax.random.PRNGKey(0), batch)
+    key = jax.random.PRNGKey(5)
+
+    @jax.jit
+    def phased(params, step):
+        return steps.compute_gradients(phases, params, batch, key, 0.1, step=step)[0]
+
+    @jax.jit
+    def plain(params):
+        return steps.compute_gradients(model, params, batch, key, 0.1)[0]
+
+    @jax.jit
+    def deterministic(params):
+        def loss(p):
+            logits = model.apply({"params": p}, batch["src_tokens"], batch["tgt_tokens"])
+            return loss_sums(logits, batch["tgt_tokens"], 0.1)["loss"]
+
+        return jax.grad(loss)(params)
+
+    def relative_gap(a, b):
+        """The largest ‖a − b‖ / ‖b‖ over the gradient arrays."""
+        pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+        return max(
+            float(np.linalg.norm(np.asarray(x) - np.asarray(y)) / np.linalg.norm(np.asarray(y)))
+            for x, y in pairs
+        )
+
+    # The same float32 gradient computed in another fusion order: within 2^-12 of its norm
+    # per run (tests/equivalence.py derives it), 2^-11 for the difference of two.
+    rounding = UPDATE_RTOL / 2
+    without, dropped = deterministic(state.params), plain(state.params)
+    for step in (0, 1):
+        assert relative_gap(phased(state.params, step), without) <= rounding
+    for step in (2, 7):
+        assert relative_gap(phased(state.params, step), dropped) <= rounding
+    # Dropout 0.3 moves the gradients far beyond rounding: the phases are told apart.
+    assert relative_gap(dropped, without) > 0.1

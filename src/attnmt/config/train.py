@@ -94,6 +94,14 @@ class TrainConfig:
     # leaf pieces form one class (their log-probabilities summed), a word's later pieces
     # count nowhere, and brackets and EOS keep their own classes (train/loss.py).
     word_leaves_as_one_class: bool = False
+    # >0: another dropout rate first. For the first early_dropout_steps updates the residual
+    # and embedding dropout (model.dropout_rate) is early_dropout_rate instead, then
+    # model.dropout_rate: a lower rate early lets a small-data model fit faster while it has
+    # memorised little, the higher one holds it back once it would overfit (Liu et al. 2023
+    # study both orders). The rate follows the state's step inside the compiled update, so
+    # a resumed run switches at the same update as an uninterrupted one.
+    early_dropout_steps: int = 0
+    early_dropout_rate: float = 0.0
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -124,9 +132,14 @@ class TrainConfig:
             "profile_num_steps",
             "early_stop_patience",
             "prefetch_depth",
+            "early_dropout_steps",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be ≥ 0, got {getattr(self, name)}")
+        if not 0.0 <= self.early_dropout_rate < 1.0:
+            raise ConfigError(
+                f"train.early_dropout_rate must be in [0, 1), got {self.early_dropout_rate}"
+            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"

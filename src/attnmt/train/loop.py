@@ -164,7 +164,7 @@ class Trainer:
         grad_sums, sums = None, None
         for index, batch in enumerate(batches):
             grads, micro = self.program.grad_step(
-                self.state.params, batch, jax.random.fold_in(step_rng, index)
+                self.state.params, batch, jax.random.fold_in(step_rng, index), self.state.step
             )
             if grad_sums is None:
                 grad_sums, sums = grads, micro

@@ -61,7 +61,7 @@ def estimate_train_memory(
     steps keep that executable, so training does not compile it again.
 
     Without accumulation that is `train_step(state, batch)`, state donated. With it, the
-    micro-batch `grad_step(params, batch, rng)` runs while the state and the running
+    micro-batch `grad_step(params, batch, rng, step)` runs while the state and the running
     gradient sums (one more copy of the parameters) are held. The source arrays are
     `source_length` tokens wide (0: as the target's, `shape`'s length).
     """
@@ -75,7 +75,9 @@ def estimate_train_memory(
         total = compiled_peak_bytes(train_step.compile(abstract_state, batch))
     else:
         stats = compiled_stats(
-            grad_step.compile(abstract_state.params, batch, abstract_state.dropout_rng)
+            grad_step.compile(
+                abstract_state.params, batch, abstract_state.dropout_rng, abstract_state.step
+            )
         )
         total = (
             state_bytes

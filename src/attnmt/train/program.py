@@ -51,7 +51,7 @@ class PlainSteps:
     compile per shape ahead of time, on one device, without shardings)."""
 
     train_step: Any  # (state, batch) -> (state, metrics)
-    grad_step: Any  # (params, batch, rng) -> (gradient sums, loss sums)
+    grad_step: Any  # (params, batch, rng, step) -> (gradient sums, loss sums)
     apply_step: Any  # (state, gradient sums, loss sums) -> (state, metrics)
     eval_step: Any  # (params, batch) -> loss sums
     create_state: Any  # (rng, example batch) -> a new TrainState, unboxed
@@ -68,7 +68,7 @@ class TrainProgram:
     learning_rate: optax.Schedule
     abstract_state: steps.TrainState  # ShapeDtypeStructs carrying their shardings
     train_step: RuledJit  # (state, batch) -> (state, metrics); donates the state
-    grad_step: RuledJit  # (params, batch, rng) -> (gradient sums, loss sums)
+    grad_step: RuledJit  # (params, batch, rng, step) -> (gradient sums, loss sums)
     apply_step: RuledJit  # (state, gradient sums, loss sums) -> (state, metrics)
     add: Any  # (a, b) -> a + b over trees: sums micro-batches
     eval_step: RuledJit  # (params, batch) -> loss sums
@@ -122,19 +122,32 @@ def _plain_steps(
     make their loss treat copied words as one class (train.word_leaves_as_one_class)."""
     smoothing, rng_impl = experiment.train.label_smoothing, experiment.train.dropout_rng
     loss = {"rng_impl": rng_impl, "word_classes": word_classes}
+    trained = trained_model(experiment, model)
+
+    def grad_step(params: Any, batch: Batch, rng: jax.Array, step: jax.Array) -> Any:
+        return steps.compute_gradients(trained, params, batch, rng, smoothing, step=step, **loss)
+
     return PlainSteps(
         train_step=functools.partial(
-            steps.train_step, model, optimizer, learning_rate, smoothing, **loss
+            steps.train_step, trained, optimizer, learning_rate, smoothing, **loss
         ),
-        grad_step=functools.partial(
-            steps.compute_gradients, model, label_smoothing=smoothing, **loss
-        ),
+        grad_step=grad_step,
         apply_step=functools.partial(
             steps.apply_gradients, optimizer, learning_rate_fn=learning_rate
         ),
         eval_step=functools.partial(steps.eval_step, model, smoothing, word_classes=word_classes),
         create_state=functools.partial(steps.create_train_state, model, optimizer),
     )
+
+
+def trained_model(experiment: Experiment, model: Transformer) -> steps.TrainedModel:
+    """What the train steps run: `model`, or with train.early_dropout_steps the same model
+    with train.early_dropout_rate for those first updates (steps.DropoutPhases)."""
+    train = experiment.train
+    if not train.early_dropout_steps:
+        return model
+    early = dataclasses.replace(experiment.model, dropout_rate=train.early_dropout_rate)
+    return steps.DropoutPhases(model, Transformer(early), train.early_dropout_steps)
 
 
 class _JittedSteps(NamedTuple):
@@ -163,7 +176,7 @@ def _jit_steps(
         ),
         grad_step=ruled(
             plain.grad_step,
-            in_shardings=(params_sh, batch_sh, scalar),
+            in_shardings=(params_sh, batch_sh, scalar, scalar),
             out_shardings=(params_sh, scalar),
         ),
         apply_step=ruled(

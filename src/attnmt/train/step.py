@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 import flax.linen as nn
@@ -28,6 +29,19 @@ class TrainState:
     opt_state: Any
     dropout_rng: jax.Array  # base key; step t uses fold_in(dropout_rng, t)
     skipped_steps: jax.Array  # consecutive updates skipped for non-finite values
+
+
+@dataclasses.dataclass(frozen=True)
+class DropoutPhases:
+    """The model as training runs it under train.early_dropout_*: `early` (the same
+    parameters, another dropout rate) for the updates before `early_steps`, then `model`."""
+
+    model: Transformer
+    early: Transformer
+    early_steps: int
+
+
+TrainedModel = Transformer | DropoutPhases
 
 
 def create_train_state(
@@ -70,31 +84,44 @@ def dropout_key(rng: jax.Array, impl: RngImpl) -> jax.Array:
 
 
 def compute_gradients(
-    model: Transformer,
+    model: TrainedModel,
     params: Any,
     batch: Batch,
     rng: jax.Array,
     label_smoothing: float,
     rng_impl: RngImpl = "threefry",
     word_classes: WordClasses | None = None,
+    step: jax.Array | int = 0,
 ) -> tuple[Any, Metrics]:
     """Gradients of the loss SUMMED over the batch's real target tokens, plus the sums.
 
     Summing (not averaging) lets micro-batches of different sizes be accumulated exactly;
     `apply_gradients` divides by the total token count (§5.4 per-token normalisation).
-    `word_classes`: the loss over copied words as one class (train/loss.py).
+    `word_classes`: the loss over copied words as one class (train/loss.py). `step`: the
+    update's number, which picks a DropoutPhases' model.
     """
     rng = dropout_key(rng, rng_impl)
 
+    def logits_of(module: Transformer) -> Any:
+        def apply(p: Any) -> jax.Array:
+            return module.apply(
+                {"params": p},
+                batch["src_tokens"],
+                batch["tgt_tokens"],
+                train=True,
+                rngs={"dropout": rng},
+                **packing_arguments(batch),
+            )
+
+        return apply
+
     def summed_loss(p: Any) -> tuple[jax.Array, Metrics]:
-        logits = model.apply(
-            {"params": p},
-            batch["src_tokens"],
-            batch["tgt_tokens"],
-            train=True,
-            rngs={"dropout": rng},
-            **packing_arguments(batch),
-        )
+        if isinstance(model, DropoutPhases):
+            # One compiled update holding both; only the branch taken runs.
+            early = jnp.asarray(step) < model.early_steps
+            logits = jax.lax.cond(early, logits_of(model.early), logits_of(model.model), p)
+        else:
+            logits = logits_of(model)(p)
         sums = loss_sums(logits, batch["tgt_tokens"], label_smoothing, word_classes)
         return sums["loss"], sums
 
@@ -149,7 +176,7 @@ def summarize(sums: Metrics) -> Metrics:
 
 
 def train_step(
-    model: Transformer,
+    model: TrainedModel,
     optimizer: optax.GradientTransformation,
     learning_rate_fn: optax.Schedule,
     label_smoothing: float,
@@ -161,7 +188,7 @@ def train_step(
     """One update from one batch (no accumulation): gradients and update fused in one jit."""
     rng = jax.random.fold_in(state.dropout_rng, state.step)
     grads, sums = compute_gradients(
-        model, state.params, batch, rng, label_smoothing, rng_impl, word_classes
+        model, state.params, batch, rng, label_smoothing, rng_impl, word_classes, state.step
     )
     return apply_gradients(optimizer, state, grads, sums, learning_rate_fn)
 
