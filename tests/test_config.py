@@ -73,6 +73,7 @@ def test_overrides_are_typed():
         ("--config.train.label_smoothing=1.5", "train.label_smoothing"),
         ("--config.train.early_dropout_rate=1.0", "train.early_dropout_rate"),
         ("--config.train.early_dropout_steps=-5", "train.early_dropout_steps"),
+        ("--config.train.early_dropout_rate=0.1", "train.early_dropout_steps"),  # no steps
         ("--config.optim.warmup_steps=0", "optim.warmup_steps"),
         ("--config.optim.weight_decay=-0.01", "optim.weight_decay"),
         ("--config.model.num_decoder_layers=-1", "model.num_decoder_layers"),

@@ -140,6 +140,11 @@ class TrainConfig:
             raise ConfigError(
                 f"train.early_dropout_rate must be in [0, 1), got {self.early_dropout_rate}"
             )
+        if self.early_dropout_rate and not self.early_dropout_steps:
+            raise ConfigError(
+                f"train.early_dropout_rate={self.early_dropout_rate} needs "
+                "train.early_dropout_steps > 0: the updates it applies to"
+            )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(
                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}"
