@@ -100,6 +100,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
     parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
+    parser.add_argument(
+        "--mbr",
+        choices=("bleu", "chrf"),
+        default=None,
+        help="return the beam's minimum-Bayes-risk hypothesis under this sentence metric "
+        "(decode.mbr; weights: decode.mbr_weights)",
+    )
     parser.add_argument("--max-len-offset", type=int, default=None)
     parser.add_argument("--batch-sentences", type=int, default=None)
     parser.add_argument(
@@ -128,6 +135,7 @@ _DECODE_FLAGS = (  # decode key ← argparse destination
     ("top_p", "top_p"),
     ("dtype", "dtype"),
     ("seed", "seed"),
+    ("mbr", "mbr"),
 )
 
 

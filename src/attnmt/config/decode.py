@@ -11,6 +11,10 @@ from attnmt.errors import ConfigError
 
 # "" decodes in the model's own compute dtype (model.dtype, as trained).
 DecodeDType = Literal["", "float32", "bfloat16"]
+# Minimum Bayes-risk choice among the beam's hypotheses (attnmt.decode.mbr): its
+# sentence-level utility ("" = the beam's best) and how the candidates are weighted.
+MbrUtility = Literal["", "bleu", "chrf"]
+MbrWeights = Literal["model", "uniform"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,12 @@ class DecodeConfig:
     # "" = model.dtype as trained; "bfloat16" decodes a float32-trained run in bf16
     # (parameters are stored float32 either way).
     dtype: DecodeDType = ""
+    # Return, of the beam's decode.beam_size finished hypotheses, the one with the highest
+    # expected sentence BLEU ("bleu") or chrF ("chrf") against the others, weighted by the
+    # model's probabilities renormalised over them ("model") or alike ("uniform"), instead
+    # of the best-scored one (attnmt.decode.mbr). Beam search only.
+    mbr: MbrUtility = ""
+    mbr_weights: MbrWeights = "model"
 
     def __post_init__(self) -> None:
         check_types(self, "decode")
@@ -76,3 +86,9 @@ class DecodeConfig:
                 raise ConfigError(f"decode.{name} must be ≥ 0, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"decode.top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.mbr and (self.sample or self.beam_size < 2):
+            raise ConfigError(
+                f"decode.mbr={self.mbr!r} chooses among a beam's hypotheses: it needs beam "
+                f"search with decode.beam_size ≥ 2 (got beam_size {self.beam_size}"
+                + (", sample=True)" if self.sample else ")")
+            )

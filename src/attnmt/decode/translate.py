@@ -43,6 +43,7 @@ from attnmt.data.text_form import TextForm
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.batch_memory import agreed, fitting_sentences, per_device_budget
+from attnmt.decode.mbr import mbr_index, sentence_utility
 from attnmt.decode.sharded import (
     data_parallel,
     decode_mesh,
@@ -431,6 +432,9 @@ class Translator:
         # Sources take the form the model trained on; hypotheses come back as plain text.
         self.text_form = text_form or TextForm()
         self.nbest = nbest
+        # Minimum Bayes risk chooses among every hypothesis the beam finished.
+        self._utility = sentence_utility(decode.mbr) if decode.mbr else None
+        search_nbest = decode.beam_size if decode.mbr else nbest
         # Sentences are split over every device of every process unless given a mesh (a
         # one-device mesh decodes as a single device would).
         self.mesh = decode_mesh() if mesh is None else mesh
@@ -449,7 +453,7 @@ class Translator:
         # Bytes per device that stay held while decoding (training's state, during training).
         self._reserved_bytes = reserved_bytes
         self._decode = data_parallel(
-            _search_rows(configs, decode, grammar, nbest),
+            _search_rows(configs, decode, grammar, search_nbest),
             self.mesh,
             row_arguments=4,
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
@@ -490,7 +494,22 @@ class Translator:
         return encoded
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
-        """One output per input, in order; empty (or whitespace) input gives empty output."""
+        """One output per input, in order; empty (or whitespace) input gives empty output.
+        With decode.mbr, each output is the minimum-Bayes-risk choice among the beam's
+        hypotheses (attnmt.decode.mbr)."""
+        if self._utility is not None:
+            weights = self.decode_config.mbr_weights
+            return [
+                candidates[
+                    mbr_index(
+                        [h.text for h in candidates],
+                        [h.log_prob for h in candidates],
+                        self._utility,
+                        weights,
+                    )
+                ].text
+                for candidates in self._hypotheses(lines, first_line)
+            ]
         if self.nbest:
             return [best[0].text for best in self.translate_nbest(lines, first_line)]
         outputs = [""] * len(lines)
@@ -503,8 +522,14 @@ class Translator:
         (or whitespace) input gets `nbest` empty texts scored nan."""
         if not self.nbest:
             raise ValueError("this Translator was made without nbest")
+        return [best[: self.nbest] for best in self._hypotheses(lines, first_line)]
+
+    def _hypotheses(self, lines: Sequence[str], first_line: int) -> list[list[Hypothesis]]:
+        """Every hypothesis the search keeps for each input (`nbest`, or the whole beam
+        with decode.mbr), best first, in input order."""
+        kept = self.decode_config.beam_size if self._utility is not None else self.nbest
         unscored = Hypothesis("", float("nan"), float("nan"))
-        outputs = [[unscored] * self.nbest for _ in lines]
+        outputs = [[unscored] * kept for _ in lines]
         for index, (sequences, scores, log_probs) in self._decoded(lines, first_line):
             texts = self.tokenizer.decode_batch(sequences.tolist())
             outputs[index] = [

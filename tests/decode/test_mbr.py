@@ -1,0 +1,168 @@
+"""Minimum Bayes-risk choice (attnmt.decode.mbr): against a brute-force expected utility
+over the raw n-best list (duplicates unmerged, weights from float64 math), on cases whose
+answer is known by construction, and through the Translator and the command line against
+the n-best lists the same search writes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from sacrebleu.metrics import BLEU, CHRF
+
+from attnmt.cli.main import main
+from attnmt.config.decode import DecodeConfig
+from attnmt.decode.mbr import candidate_weights, mbr_index, sentence_utility
+from attnmt.decode.translate import Translator, parse_hypothesis
+from attnmt.errors import ConfigError
+
+REFERENCE_METRICS = {
+    "bleu": lambda h, r: BLEU(effective_order=True).sentence_score(h, [r]).score,
+    "chrf": lambda h, r: CHRF().sentence_score(h, [r]).score,
+}
+
+
+def brute_force_gains(texts, log_probs, metric, weights):
+    """Σ_j w_j u(h_i, h_j) for every entry i of the list as given (no merging)."""
+    finite = [math.isfinite(x) for x in log_probs]
+    if weights == "uniform":
+        raw = [1.0 if ok else 0.0 for ok in finite]
+    else:
+        top = max(x for x, ok in zip(log_probs, finite, strict=True) if ok)
+        raw = [math.exp(x - top) if ok else 0.0 for x, ok in zip(log_probs, finite, strict=True)]
+    total = sum(raw)
+    w = [x / total for x in raw]
+    return [
+        sum(w[j] * metric(texts[i], texts[j]) for j in range(len(texts)) if w[j] > 0)
+        if w[i] > 0
+        else -math.inf
+        for i in range(len(texts))
+    ]
+
+
+def brute_force_choice(texts, log_probs, metric, weights):
+    """The first entry whose gain is the highest (within float64 rounding of the sums)."""
+    gains = brute_force_gains(texts, log_probs, metric, weights)
+    best = max(gains)
+    return next(i for i, g in enumerate(gains) if g >= best - 1e-9 * max(1.0, abs(best)))
+
+
+WORDS = ["a", "dog", "cat", "runs", "on", "the", "red", "mat", "house", "big", "small"]
+
+
+@pytest.mark.parametrize("utility", ["bleu", "chrf"])
+@pytest.mark.parametrize("weights", ["model", "uniform"])
+def test_choice_is_the_brute_force_expected_utility_argmax(utility, weights):
+    rng = random.Random(f"{utility}-{weights}")
+    metric = REFERENCE_METRICS[utility]
+    ours = sentence_utility(utility)
+    moved = 0
+    for _ in range(100):
+        pool = [" ".join(rng.choices(WORDS, k=rng.randint(1, 7))) for _ in range(4)]
+        # Repeats: two segmentations of one string are one candidate with summed weight.
+        texts = [rng.choice(pool) for _ in range(rng.randint(2, 6))]
+        log_probs = sorted((rng.uniform(-2.5, -0.5) for _ in texts), reverse=True)
+        chosen = mbr_index(texts, log_probs, ours, weights)
+        assert chosen == brute_force_choice(texts, log_probs, metric, weights), texts
+        moved += chosen != 0
+    # The cases are not all won by the beam's best: the test can tell MBR from it.
+    assert moved >= 8, moved
+
+
+def test_consensus_beats_the_best_scored_outlier():
+    texts = ["a big red dog", "a dog runs on the mat", "a dog runs on a mat"]
+    texts.append("the dog runs on a mat")
+    # Uniform: the best-scored outlier shares little with the other three.
+    assert mbr_index(texts, [-1.0, -1.1, -1.2, -1.3], sentence_utility("bleu"), "uniform") == 2
+    # Model weights that put nearly all the mass on the outlier keep it.
+    assert mbr_index(texts, [-0.01, -9.0, -9.0, -9.0], sentence_utility("bleu"), "model") == 0
+
+
+def test_unfilled_slots_weigh_nothing_and_are_never_chosen():
+    utility = sentence_utility("chrf")
+    texts = ["a dog", "", "a dog runs"]
+    for weights in ("model", "uniform"):
+        assert mbr_index(texts, [-1.0, -math.inf, -2.0], utility, weights) in (0, 2)
+        assert mbr_index(["", "x"], [math.nan, -math.inf], utility, weights) == 0
+        assert mbr_index(["only"], [-3.0], utility, weights) == 0
+    weights = candidate_weights([-1.0, -math.inf, -2.0, math.nan], "model")
+    e = math.exp(-1.0) + math.exp(-2.0)
+    assert weights.tolist() == pytest.approx([math.exp(-1.0) / e, 0.0, math.exp(-2.0) / e, 0.0])
+    assert candidate_weights([-1.0, -math.inf, -5.0], "uniform").tolist() == [0.5, 0.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"mbr": "bleu", "beam_size": 1}, "beam_size ≥ 2"),
+        ({"mbr": "chrf", "sample": True}, "sample=True"),
+        ({"mbr": "ter"}, "decode.mbr"),
+        ({"mbr_weights": "softmax"}, "decode.mbr_weights"),
+    ],
+)
+def test_config_refuses_what_mbr_cannot_choose_among(values, message):
+    with pytest.raises(ConfigError, match=message):
+        DecodeConfig(**values)
+
+
+# --------------------------------------------------------------------------- a real model
+
+LINES = ["the dog runs", "", "a red house on the mat", "cat", "big small big small", "x y z"]
+
+
+@pytest.fixture(scope="module")
+def loaded(workdir):
+    from attnmt.data.tokenizer import Tokenizer
+
+    root, experiment, params = workdir
+    return Tokenizer.load(root / "vocab.model"), experiment.model, params
+
+
+def _decode(**values) -> DecodeConfig:
+    return DecodeConfig(
+        max_len_offset=5, batch_sentences=4, xla_backend_optimization_level=0, **values
+    )
+
+
+@pytest.mark.parametrize(("utility", "weights"), [("bleu", "model"), ("chrf", "uniform")])
+def test_translator_returns_the_mbr_choice_of_its_beam(loaded, utility, weights):
+    tokenizer, config, params = loaded
+    lists = Translator(
+        [config], [params], tokenizer, _decode(beam_size=3), nbest=3
+    ).translate_nbest(LINES)
+    mbr = Translator(
+        [config], [params], tokenizer, _decode(beam_size=3, mbr=utility, mbr_weights=weights)
+    )
+    got = mbr.translate(LINES)
+    metric = REFERENCE_METRICS[utility]
+    for line, best, output in zip(LINES, lists, got, strict=True):
+        if not line:
+            assert output == ""
+            continue
+        texts, log_probs = [h.text for h in best], [h.log_prob for h in best]
+        assert output == texts[brute_force_choice(texts, log_probs, metric, weights)], line
+
+
+def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
+    root = workdir[0]  # decode.beam_size = 2 in its config
+    source = tmp_path / "input.txt"
+    source.write_text("\n".join(LINES) + "\n")
+
+    def run(name, *flags):
+        target = tmp_path / f"{name}.txt"
+        argv = ["translate", "--workdir", str(root), "--input", str(source)]
+        assert main([*argv, "--output", str(target), "--xla-opt-level", "0", *flags]) == 0
+        return target.read_text(encoding="utf-8").split("\n")[:-1]
+
+    rows = [parse_hypothesis(line) for line in run("nbest", "--nbest", "2")]
+    chosen = run("mbr", "--mbr", "chrf", "--config.decode.mbr_weights=uniform")
+    assert len(chosen) == len(LINES)
+    for number, line in enumerate(LINES, start=1):
+        best = [h for n, _, h in rows if n == number]
+        if not line:
+            assert chosen[number - 1] == ""
+            continue
+        texts, log_probs = [h.text for h in best], [h.log_prob for h in best]
+        pick = brute_force_choice(texts, log_probs, REFERENCE_METRICS["chrf"], "uniform")
+        assert chosen[number - 1] == texts[pick], line
