@@ -136,12 +136,18 @@ def test_translator_returns_the_mbr_choice_of_its_beam(loaded, utility, weights)
     )
     got = mbr.translate(LINES)
     metric = REFERENCE_METRICS[utility]
+    moved = 0
     for line, best, output in zip(LINES, lists, got, strict=True):
         if not line:
             assert output == ""
             continue
         texts, log_probs = [h.text for h in best], [h.log_prob for h in best]
         assert output == texts[brute_force_choice(texts, log_probs, metric, weights)], line
+        moved += output != texts[0]
+    if weights == "uniform":
+        # Uniform weights move 3 of the 5 lines off the beam's best on this model (model
+        # weights none): the comparison tells MBR from the beam's best.
+        assert moved >= 1
 
 
 def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
@@ -157,6 +163,7 @@ def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
 
     rows = [parse_hypothesis(line) for line in run("nbest", "--nbest", "2")]
     chosen = run("mbr", "--mbr", "chrf", "--config.decode.mbr_weights=uniform")
+    moved = 0
     assert len(chosen) == len(LINES)
     for number, line in enumerate(LINES, start=1):
         best = [h for n, _, h in rows if n == number]
@@ -166,3 +173,5 @@ def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
         texts, log_probs = [h.text for h in best], [h.log_prob for h in best]
         pick = brute_force_choice(texts, log_probs, REFERENCE_METRICS["chrf"], "uniform")
         assert chosen[number - 1] == texts[pick], line
+        moved += pick != 0
+    assert moved >= 1  # 2 of the 5 lines here: not the beam's best throughout
