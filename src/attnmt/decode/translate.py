@@ -434,7 +434,8 @@ class Translator:
         self.nbest = nbest
         # Minimum Bayes risk chooses among every hypothesis the beam finished.
         self._utility = sentence_utility(decode.mbr) if decode.mbr else None
-        search_nbest = decode.beam_size if decode.mbr else nbest
+        # Hypotheses the search keeps per input: `nbest`, or the whole beam for MBR.
+        self._kept = decode.beam_size if decode.mbr else nbest
         # Sentences are split over every device of every process unless given a mesh (a
         # one-device mesh decodes as a single device would).
         self.mesh = decode_mesh() if mesh is None else mesh
@@ -453,7 +454,7 @@ class Translator:
         # Bytes per device that stay held while decoding (training's state, during training).
         self._reserved_bytes = reserved_bytes
         self._decode = data_parallel(
-            _search_rows(configs, decode, grammar, search_nbest),
+            _search_rows(configs, decode, grammar, self._kept),
             self.mesh,
             row_arguments=4,
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
@@ -527,9 +528,8 @@ class Translator:
     def _hypotheses(self, lines: Sequence[str], first_line: int) -> list[list[Hypothesis]]:
         """Every hypothesis the search keeps for each input (`nbest`, or the whole beam
         with decode.mbr), best first, in input order."""
-        kept = self.decode_config.beam_size if self._utility is not None else self.nbest
         unscored = Hypothesis("", float("nan"), float("nan"))
-        outputs = [[unscored] * kept for _ in lines]
+        outputs = [[unscored] * self._kept for _ in lines]
         for index, (sequences, scores, log_probs) in self._decoded(lines, first_line):
             texts = self.tokenizer.decode_batch(sequences.tolist())
             outputs[index] = [
