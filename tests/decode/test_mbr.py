@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from attnmt.cli.main import main
 from attnmt.config.decode import DecodeConfig
+from attnmt.decode.evaluation import decodes_stem
 from attnmt.decode.mbr import candidate_weights, mbr_index, sentence_utility
 from attnmt.decode.translate import Translator, parse_hypothesis
 from attnmt.errors import ConfigError
@@ -175,3 +177,21 @@ def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
         assert chosen[number - 1] == texts[pick], line
         moved += pick != 0
     assert moved >= 1  # 2 of the 5 lines here: not the beam's best throughout
+
+
+@pytest.mark.parametrize(
+    ("own", "asked", "suffix"),
+    [
+        ({}, {}, ""),
+        ({}, {"mbr": "chrf"}, "-mbrchrf"),
+        ({}, {"mbr": "bleu", "mbr_weights": "uniform"}, "-mbrbleu-uniform"),
+        ({"mbr": "chrf"}, {"mbr": "chrf"}, ""),
+        ({"mbr": "chrf"}, {}, "-nombr"),
+        ({"mbr": "chrf", "mbr_weights": "uniform"}, {"mbr": "chrf"}, "-mbrchrf"),
+    ],
+)
+def test_decodes_file_says_which_choice_when_not_the_runs_own(own, asked, suffix):
+    # Each choice gets its own decodes file, so a sweep over them overwrites none.
+    run = SimpleNamespace(experiment=SimpleNamespace(decode=DecodeConfig(**own)), step=7)
+    stem = decodes_stem("val", run, DecodeConfig(**asked), "-ema")
+    assert stem == f"val-step7-ema-beam4{suffix}"

@@ -2,6 +2,7 @@
 NumPy recursion, skipped updates, the workdir `attnmt average --ema` writes, and the commands
 that train with it and decode it."""
 
+import argparse
 import functools
 import re
 
@@ -14,6 +15,7 @@ import sacrebleu
 from attnmt.checkpoint.average import ema_checkpoint
 from attnmt.checkpoint.ema_state import find_ema_params
 from attnmt.checkpoint.manager import CheckpointManager
+from attnmt.cli.arguments import load_runs
 from attnmt.cli.main import main
 from attnmt.config.train import OptimConfig
 from attnmt.errors import CheckpointError, ConfigError
@@ -21,6 +23,7 @@ from attnmt.model.transformer import Transformer
 from attnmt.train.assemble import build_trainer
 from attnmt.train.optim import make_optimizer, optimizer_with_schedule
 from attnmt.train.step import TrainState, apply_gradients, create_train_state
+from attnmt.workdir import load_run
 from tests.helpers import TINY_CONFIG, reversal_overrides, tiny_experiment, tiny_model
 
 RATE = 0.05
@@ -213,3 +216,23 @@ def test_training_reports_and_decodes_the_average(reversal_corpus, tmp_path, cap
     assert "moving average of step 15 in" in capsys.readouterr().err
     assert main(["average", "--workdir", str(workdir), "--step", "15"]) == 2
     assert "--step goes with --ema" in capsys.readouterr().err
+
+    # With --ensemble, --ema decodes every member's average (of its newest step). A run
+    # ensembled with itself is the run: the log-linear mean of one distribution is that
+    # distribution, so its decodes equal the average's alone; were the member's raw
+    # parameters used instead, the second model would differ from the first.
+    args = argparse.Namespace(
+        workdir=workdir, step=None, ema=True, average_last=0, average_best=0, ensemble=[workdir]
+    )
+    first, member = load_runs(args)
+    raw = load_run(workdir)
+    assert jax.tree_util.tree_all(
+        jax.tree_util.tree_map(np.array_equal, member.params, first.params)
+    )
+    assert not jax.tree_util.tree_all(
+        jax.tree_util.tree_map(np.array_equal, member.params, raw.params)
+    )
+    argv = ["evaluate", "--workdir", str(workdir), "--split", "test", "--ema"]
+    assert main([*argv, "--ensemble", str(workdir)]) == 0
+    alone = (workdir / "decodes" / "test-step30-ema-beam4.tgt").read_text()
+    assert (workdir / "decodes" / "test-step30-ema-ensemble-beam4.tgt").read_text() == alone

@@ -93,7 +93,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         "--ema",
         action="store_true",
         help="decode the moving average of the parameters (optim.ema_decay) of the newest "
-        "checkpoint, or of --step's",
+        "checkpoint, or of --step's; with --ensemble, every member's (of its newest)",
     )
     parser.add_argument(
         "--ensemble", nargs="*", type=storage_path, default=[], help="more workdirs to ensemble"
@@ -164,17 +164,16 @@ def decoded_tag(args: argparse.Namespace) -> str:
 
 def load_runs(args: argparse.Namespace) -> list:
     """The run of `--workdir` (averaged first with `--average-last` or `--average-best`, or
-    its moving average with `--ema`), then `--ensemble`'s."""
+    its moving average with `--ema`), then `--ensemble`'s (with `--ema`, each one's moving
+    average of its newest checkpoint: an ensemble of runs trained side by side is an
+    ensemble of their averages, the form each is best decoded in)."""
     from attnmt.workdir import load_run
 
     workdir, step = args.workdir, args.step
     last, best = getattr(args, "average_last", 0), getattr(args, "average_best", 0)
-    if getattr(args, "ema", False):
-        from attnmt.checkpoint.average import ema_checkpoint
-
-        result = ema_checkpoint(args.workdir, overwrite=True, step=args.step)
-        print(f"moving average of step {result.step} in {result.output_dir}", file=sys.stderr)
-        workdir, step = result.output_dir, None  # its one checkpoint is that step's average
+    ema = getattr(args, "ema", False)
+    if ema:
+        workdir, step = _moving_average(args.workdir, args.step), None  # that step's average
     elif last or best:
         import jax
 
@@ -186,9 +185,19 @@ def load_runs(args: argparse.Namespace) -> list:
         print(f"averaged steps {list(result.steps)} into {result.output_dir}", file=sys.stderr)
         workdir = result.output_dir
     runs = [load_run(workdir, step)]
-    runs += [load_run(other) for other in args.ensemble]
+    runs += [load_run(_moving_average(other) if ema else other) for other in args.ensemble]
     check_ensemble(runs)
     return runs
+
+
+def _moving_average(workdir: Any, step: int | str | None = None) -> Any:
+    """The workdir `attnmt average --ema` writes for `workdir`'s newest checkpoint (or
+    `step`'s), written afresh."""
+    from attnmt.checkpoint.average import ema_checkpoint
+
+    result = ema_checkpoint(workdir, overwrite=True, step=step)
+    print(f"moving average of step {result.step} in {result.output_dir}", file=sys.stderr)
+    return result.output_dir
 
 
 def _vocabulary_identity(run: Any) -> Any:

@@ -89,13 +89,17 @@ def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = ""
     """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own (and
     `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
     every sweep point's decodes instead of overwriting one file; `-mbr{utility}` (and
-    `-uniform`) when the minimum-Bayes-risk choice is not the run's own."""
+    `-uniform`) when the minimum-Bayes-risk choice is not the run's own, `-nombr` when the
+    run's own is switched off."""
     own = run.experiment.decode
     variant = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
     if decode.unsmooth_words != own.unsmooth_words:
         variant += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
     if (decode.mbr, decode.mbr_weights) != (own.mbr, own.mbr_weights):
-        variant += f"-mbr{decode.mbr}" + ("-uniform" if decode.mbr_weights == "uniform" else "")
+        if not decode.mbr:
+            variant += "-nombr"
+        else:
+            variant += f"-mbr{decode.mbr}" + ("-uniform" if decode.mbr_weights == "uniform" else "")
     return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{variant}"
 
 
