@@ -188,6 +188,7 @@ def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
         ({"mbr": "chrf"}, {"mbr": "chrf"}, ""),
         ({"mbr": "chrf"}, {}, "-nombr"),
         ({"mbr": "chrf", "mbr_weights": "uniform"}, {"mbr": "chrf"}, "-mbrchrf"),
+        ({}, {"mbr_weights": "uniform"}, ""),  # weights without MBR change nothing
     ],
 )
 def test_decodes_file_says_which_choice_when_not_the_runs_own(own, asked, suffix):

@@ -85,6 +85,11 @@ def score(
     return sacre, tokenized, m30k
 
 
+def _mbr_choice(decode: DecodeConfig) -> tuple[str, str]:
+    """The minimum-Bayes-risk choice decode makes: its weights matter only when it is on."""
+    return (decode.mbr, decode.mbr_weights) if decode.mbr else ("", "")
+
+
 def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = "") -> str:
     """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own (and
     `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
@@ -95,11 +100,10 @@ def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = ""
     variant = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
     if decode.unsmooth_words != own.unsmooth_words:
         variant += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
-    if (decode.mbr, decode.mbr_weights) != (own.mbr, own.mbr_weights):
-        if not decode.mbr:
-            variant += "-nombr"
-        else:
-            variant += f"-mbr{decode.mbr}" + ("-uniform" if decode.mbr_weights == "uniform" else "")
+    if _mbr_choice(decode) != _mbr_choice(own):
+        utility, weights = _mbr_choice(decode)
+        variant += f"-mbr{utility}" if utility else "-nombr"
+        variant += "-uniform" if weights == "uniform" else ""
     return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{variant}"
 
 
