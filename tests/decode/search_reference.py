@@ -113,3 +113,49 @@ def constant_model(logits: np.ndarray):
         return jnp.broadcast_to(row, (tokens.shape[0], row.shape[0])), cache + 1
 
     return fn
+
+
+# A first step's logits for the samplers' tests: PAD and BOS are the most likely, so a
+# sampler that does not exclude them shows it at once.
+SAMPLER_LOGITS = np.array([3.0, 0.3, 3.0, 1.0, 0.0, -0.7, 0.5, 1.4])
+SAMPLER_ALLOWED = np.array([EOS, 3, 4, 5, 6, 7])
+
+
+def tempered_first_token(temperature: float, top_k: int) -> np.ndarray:
+    """float64 distribution over SAMPLER_ALLOWED (PAD/BOS removed) of softmax(logits / T),
+    restricted to the top_k most likely (0 = all) and renormalised."""
+    scaled = SAMPLER_LOGITS[SAMPLER_ALLOWED] / temperature
+    if top_k:
+        scaled = np.where(scaled >= np.sort(scaled)[-top_k], scaled, -np.inf)
+    probs = np.exp(scaled - scaled.max())
+    return probs / probs.sum()
+
+
+def check_sampler_frequencies(seed: int, expected: np.ndarray, **sampling) -> None:
+    """4,000 first tokens drawn by beam_search.sample(**sampling) from
+    constant_model(SAMPLER_LOGITS) against `expected`, a float64 distribution over
+    SAMPLER_ALLOWED: nothing outside its support ever, a chi-square test inside it, and
+    log_probs the model's own (T = 1, no truncation)."""
+    from attnmt.decode.beam_search import sample
+
+    n = 4000
+    seqs, log_probs = sample(
+        constant_model(SAMPLER_LOGITS),
+        jnp.zeros((n,), jnp.int32),
+        jax.random.key(seed),
+        batch_size=n,
+        max_decode_len=2,
+        **sampling,
+    )
+    first = np.asarray(seqs)[:, 0]
+    assert 2 <= (expected > 0).sum() < len(SAMPLER_ALLOWED)  # the case truncates, and samples
+    counts = np.array([(first == t).sum() for t in SAMPLER_ALLOWED])
+    assert counts.sum() == n and not np.isin(first, [PAD, BOS]).any()
+    assert (counts[expected == 0] == 0).all()
+    support = expected > 0
+    chi2 = (((counts - n * expected) ** 2)[support] / (n * expected[support])).sum()
+    # ≤ 4 degrees of freedom: P(chi2 > 30) < 1e-5 for a correct sampler (the key is fixed).
+    assert chi2 < 30.0, (counts, n * expected)
+    model_logp = jax.nn.log_softmax(jnp.asarray(SAMPLER_LOGITS))
+    eos_rows = np.asarray(log_probs)[first == EOS]
+    np.testing.assert_allclose(eos_rows, float(model_logp[EOS]), rtol=1e-5)

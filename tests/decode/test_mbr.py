@@ -5,6 +5,7 @@ the n-best lists the same search writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from types import SimpleNamespace
@@ -43,9 +44,18 @@ def brute_force_gains(texts, log_probs, metric, weights):
     ]
 
 
-def brute_force_choice(texts, log_probs, metric, weights):
-    """The first entry whose gain is the highest (within float64 rounding of the sums)."""
+def brute_force_choice(texts, log_probs, metric, weights, samples=(), share=0.5):
+    """The first entry whose gain is the highest (within float64 rounding of the sums);
+    with `samples`, each adds share / len(samples) · u(h_i, sample) and the beam's part is
+    scaled by 1 - share."""
     gains = brute_force_gains(texts, log_probs, metric, weights)
+    if samples:
+        gains = [
+            (1 - share) * g + sum(share / len(samples) * metric(texts[i], s) for s in samples)
+            if g > -math.inf
+            else g
+            for i, g in enumerate(gains)
+        ]
     best = max(gains)
     return next(i for i, g in enumerate(gains) if g >= best - 1e-9 * max(1.0, abs(best)))
 
@@ -70,6 +80,38 @@ def test_choice_is_the_brute_force_expected_utility_argmax(utility, weights):
         moved += chosen != 0
     # The cases are not all won by the beam's best: the test can tell MBR from it.
     assert moved >= 8, moved
+
+
+@pytest.mark.parametrize("utility", ["bleu", "chrf"])
+@pytest.mark.parametrize("share", [0.5, 0.8])
+def test_choice_with_samples_is_the_brute_force_mixture_argmax(utility, share):
+    rng = random.Random(f"samples-{utility}-{share}")
+    metric = REFERENCE_METRICS[utility]
+    ours = sentence_utility(utility)
+    moved = 0
+    for _ in range(60):
+        pool = [" ".join(rng.choices(WORDS, k=rng.randint(1, 7))) for _ in range(5)]
+        texts = [rng.choice(pool) for _ in range(rng.randint(2, 5))]
+        log_probs = sorted((rng.uniform(-2.5, -0.5) for _ in texts), reverse=True)
+        samples = [rng.choice(pool) for _ in range(rng.randint(1, 6))]
+        chosen = mbr_index(texts, log_probs, ours, "model", samples=samples, sample_share=share)
+        expected = brute_force_choice(texts, log_probs, metric, "model", samples, share)
+        assert chosen == expected, (texts, samples)
+        moved += chosen != mbr_index(texts, log_probs, ours, "model")
+    # The samples change the choice in some cases: the test can tell them from no samples.
+    assert moved >= 5, moved
+
+
+def test_samples_outvote_the_beam_only_with_their_share():
+    texts = ["a big red dog", "a dog runs on the mat"]
+    samples = ["a dog runs on a mat", "the dog runs on the mat", "a dog runs on the mat"]
+    utility = sentence_utility("chrf")
+    # The beam's weights favour the first hypothesis by far; the samples agree with the second.
+    assert mbr_index(texts, [-0.01, -6.0], utility, samples=samples, sample_share=0.0) == 0
+    assert mbr_index(texts, [-0.01, -6.0], utility, samples=samples, sample_share=0.9) == 1
+    assert mbr_index(texts, [-0.01, -6.0], utility, samples=samples, sample_share=1.0) == 1
+    with pytest.raises(ValueError, match="sample_share"):
+        mbr_index(texts, [-0.01, -6.0], utility, samples=samples, sample_share=1.5)
 
 
 def test_consensus_beats_the_best_scored_outlier():
@@ -101,6 +143,9 @@ def test_unfilled_slots_weigh_nothing_and_are_never_chosen():
         ({"mbr": "chrf", "sample": True}, "sample=True"),
         ({"mbr": "ter"}, "decode.mbr"),
         ({"mbr_weights": "softmax"}, "decode.mbr_weights"),
+        ({"mbr_samples": 8}, "needs decode.mbr"),
+        ({"mbr": "chrf", "mbr_samples": -1}, "decode.mbr_samples"),
+        ({"mbr": "chrf", "mbr_samples": 4, "mbr_sample_share": 1.5}, "mbr_sample_share"),
     ],
 )
 def test_config_refuses_what_mbr_cannot_choose_among(values, message):
@@ -152,6 +197,38 @@ def test_translator_returns_the_mbr_choice_of_its_beam(loaded, utility, weights)
         assert moved >= 1
 
 
+def test_translator_weighs_the_beam_against_its_samples(loaded):
+    tokenizer, config, params = loaded
+    # Hot samples, so that they differ from the beam's hypotheses and from each other.
+    sampling = dict(temperature=3.0, seed=5)
+    lists = Translator(
+        [config], [params], tokenizer, _decode(beam_size=3), nbest=3
+    ).translate_nbest(LINES)
+    values = dict(beam_size=3, mbr="chrf", mbr_samples=4, mbr_sample_share=0.75, **sampling)
+    mbr = Translator([config], [params], tokenizer, _decode(**values))
+    samples = mbr._samples(LINES, 1)
+    # Draw 0 is what sampling the same lines with the same seed writes; the others differ,
+    # and none depends on how the lines are batched.
+    single = Translator([config], [params], tokenizer, _decode(sample=True, **sampling))
+    assert [drawn[0] for drawn in samples] == single.translate(LINES)
+    assert any(len(set(drawn)) > 1 for drawn in samples)
+    one_by_one = Translator(
+        [config], [params], tokenizer, dataclasses.replace(_decode(**values), batch_sentences=1)
+    )
+    assert one_by_one._samples(LINES, 1) == samples
+    got = mbr.translate(LINES)
+    moved = 0
+    for line, best, drawn, output in zip(LINES, lists, samples, got, strict=True):
+        if not line:
+            assert output == ""
+            continue
+        texts, log_probs = [h.text for h in best], [h.log_prob for h in best]
+        pick = brute_force_choice(texts, log_probs, REFERENCE_METRICS["chrf"], "model", drawn, 0.75)
+        assert output == texts[pick], line
+        moved += pick != brute_force_choice(texts, log_probs, REFERENCE_METRICS["chrf"], "model")
+    assert moved >= 1  # the samples moved some choice away from the beam-only one
+
+
 def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
     root = workdir[0]  # decode.beam_size = 2 in its config
     source = tmp_path / "input.txt"
@@ -189,6 +266,12 @@ def test_cli_mbr_chooses_among_the_nbest_it_would_write(workdir, tmp_path):
         ({"mbr": "chrf"}, {}, "-nombr"),
         ({"mbr": "chrf", "mbr_weights": "uniform"}, {"mbr": "chrf"}, "-mbrchrf"),
         ({}, {"mbr_weights": "uniform"}, ""),  # weights without MBR change nothing
+        ({}, {"mbr": "chrf", "mbr_samples": 16}, "-mbrchrf-s16"),
+        ({}, {"mbr": "chrf", "mbr_samples": 8, "epsilon": 0.02}, "-mbrchrf-s8-eps0.02"),
+        ({}, {"mbr": "bleu", "mbr_samples": 8, "mbr_sample_share": 1.0}, "-mbrbleu-s8-share1"),
+        ({"mbr": "chrf", "mbr_samples": 8}, {"mbr": "chrf", "mbr_samples": 8}, ""),
+        ({"mbr": "chrf", "mbr_samples": 8}, {"mbr": "chrf"}, "-mbrchrf"),
+        ({}, {"epsilon": 0.02, "seed": 3}, ""),  # how samples are drawn, without any drawn
     ],
 )
 def test_decodes_file_says_which_choice_when_not_the_runs_own(own, asked, suffix):

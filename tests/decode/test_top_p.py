@@ -1,6 +1,6 @@
 """Nucleus (top-p) sampling: the kept set against a float64 reference (ties included),
-empirical frequencies against the truncated distribution, and the setting reaching the
-command line and the translator."""
+empirical frequencies against the truncated distribution, and the setting (and epsilon
+sampling's, tests/decode/test_epsilon.py) reaching the command line and the translator."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from attnmt.cli.main import main
 from attnmt.config.decode import DecodeConfig
 from attnmt.decode.beam_search import nucleus, sample
 from attnmt.errors import ConfigError
-from tests.decode.search_reference import BOS, EOS, PAD, constant_model, fast_jit
+from tests.decode.search_reference import (
+    SAMPLER_LOGITS,
+    check_sampler_frequencies,
+    constant_model,
+    fast_jit,
+    tempered_first_token,
+)
 from tests.helpers import translate_lines
 
 
@@ -56,18 +62,7 @@ def test_nucleus_keeps_the_smallest_set_reaching_p(probs, top_p, kept):
     assert sorted(np.flatnonzero(expected)) == kept
 
 
-LOGITS = np.array([3.0, 0.3, 3.0, 1.0, 0.0, -0.7, 0.5, 1.4])  # PAD/BOS large: must be excluded
-ALLOWED = np.array([EOS, 3, 4, 5, 6, 7])
-
-
-def expected_first_token(temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """float64 distribution of the first sampled token over ALLOWED: PAD/BOS removed,
-    temperature, then top-k, then the top-p nucleus of what is left."""
-    scaled = LOGITS[ALLOWED] / temperature
-    if top_k:
-        scaled = np.where(scaled >= np.sort(scaled)[-top_k], scaled, -np.inf)
-    probs = np.exp(scaled - scaled.max())
-    return nucleus_reference(probs / probs.sum(), top_p)
+LOGITS = SAMPLER_LOGITS
 
 
 @pytest.mark.parametrize(
@@ -75,31 +70,8 @@ def expected_first_token(temperature: float, top_k: int, top_p: float) -> np.nda
     [(1.0, 0, 0.6), (1.0, 0, 0.9), (0.7, 0, 0.8), (1.0, 4, 0.7), (2.0, 3, 0.95)],
 )
 def test_frequencies_match_the_truncated_distribution(temperature, top_k, top_p):
-    n = 4000
-    seqs, log_probs = sample(
-        constant_model(LOGITS),
-        jnp.zeros((n,), jnp.int32),
-        jax.random.key(7),
-        batch_size=n,
-        max_decode_len=2,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
-    first = np.asarray(seqs)[:, 0]
-    expected = expected_first_token(temperature, top_k, top_p)
-    assert 2 <= (expected > 0).sum() < len(ALLOWED)  # the cases do truncate, and sample
-    counts = np.array([(first == t).sum() for t in ALLOWED])
-    assert counts.sum() == n and not np.isin(first, [PAD, BOS]).any()
-    assert (counts[expected == 0] == 0).all()  # nothing outside the nucleus, ever
-    support = expected > 0
-    chi2 = (((counts - n * expected) ** 2)[support] / (n * expected[support])).sum()
-    # ≤ 4 degrees of freedom: P(chi2 > 30) < 1e-5 for a correct sampler (the key is fixed).
-    assert chi2 < 30.0, (counts, n * expected)
-    # log_probs stay the model's (T = 1, no truncation), as for top-k.
-    model_logp = jax.nn.log_softmax(jnp.asarray(LOGITS))
-    eos_rows = np.asarray(log_probs)[first == EOS]
-    np.testing.assert_allclose(eos_rows, float(model_logp[EOS]), rtol=1e-5)
+    expected = nucleus_reference(tempered_first_token(temperature, top_k), top_p)
+    check_sampler_frequencies(7, expected, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 @functools.cache
@@ -119,36 +91,45 @@ def test_top_p_one_is_off():
     np.testing.assert_array_equal(_draw(1.0)(cache, key)[0], plain[0])
 
 
-@pytest.mark.parametrize("top_p", [0.0, -0.1, 1.5])
-def test_bad_top_p_is_refused(top_p):
-    with pytest.raises(ValueError, match="top_p"):
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("top_p", 0.0), ("top_p", -0.1), ("top_p", 1.5), ("epsilon", -0.1), ("epsilon", 1.0)],
+)
+def test_bad_truncation_is_refused(name, value):
+    with pytest.raises(ValueError, match=name):
         sample(
             constant_model(LOGITS),
             jnp.zeros((2,), jnp.int32),
             jax.random.key(0),
             batch_size=2,
             max_decode_len=2,
-            top_p=top_p,
+            **{name: value},
         )
-    with pytest.raises(ConfigError, match=r"decode\.top_p"):
-        DecodeConfig(top_p=top_p)
+    with pytest.raises(ConfigError, match=rf"decode\.{name}"):
+        DecodeConfig(**{name: value})
 
 
-def test_top_p_reaches_the_search_from_flag_and_override(workdir, tmp_path):
+# Each truncated to the most likely token alone at temperature 5, where full sampling is
+# not greedy on this model (tests/decode/test_translate.py): a nucleus of mass 1e-6, and
+# epsilon 0.99, a probability no token reaches at that temperature.
+TO_ONE_TOKEN = [("top_p", "--top-p", "1e-6"), ("epsilon", "--epsilon", "0.99")]
+
+
+@pytest.mark.parametrize(("name", "flag", "value"), TO_ONE_TOKEN)
+def test_truncation_reaches_the_search_from_flag_and_override(workdir, tmp_path, name, flag, value):
     root = workdir[0]
     greedy = _translate(root, tmp_path, "greedy", "--beam", "1")
-    # A nucleus this small holds the most likely token alone: sampling becomes greedy, even
-    # at a temperature at which full sampling is not (tests/decode/test_translate.py).
-    tiny = ["--sample", "--temperature", "5", "--seed", "3"]
-    assert _translate(root, tmp_path, "flag", *tiny, "--top-p", "1e-6") == greedy
-    by_config = _translate(root, tmp_path, "config", *tiny, "--config.decode.top_p=1e-6")
+    hot = ["--sample", "--temperature", "5", "--seed", "3"]
+    assert _translate(root, tmp_path, "flag", *hot, flag, value) == greedy
+    by_config = _translate(root, tmp_path, "config", *hot, f"--config.decode.{name}={value}")
     assert by_config == greedy
-    assert _translate(root, tmp_path, "full", *tiny) != greedy
+    assert _translate(root, tmp_path, "full", *hot) != greedy
 
 
-def test_cli_names_a_bad_top_p(workdir, capsys):
-    assert main(["translate", "--workdir", str(workdir[0]), "--sample", "--top-p", "1.5"]) == 2
-    assert "decode.top_p" in capsys.readouterr().err
+@pytest.mark.parametrize(("name", "flag"), [("top_p", "--top-p"), ("epsilon", "--epsilon")])
+def test_cli_names_a_bad_truncation(workdir, capsys, name, flag):
+    assert main(["translate", "--workdir", str(workdir[0]), "--sample", flag, "1.5"]) == 2
+    assert f"decode.{name}" in capsys.readouterr().err
 
 
 def _translate(root, tmp_path, name, *flags):

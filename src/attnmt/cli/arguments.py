@@ -107,6 +107,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         help="return the beam's minimum-Bayes-risk hypothesis under this sentence metric "
         "(decode.mbr; weights: decode.mbr_weights)",
     )
+    parser.add_argument(
+        "--mbr-samples",
+        type=int,
+        default=None,
+        help="with --mbr, weigh the beam's hypotheses against this many samples per input "
+        "too (decode.mbr_samples; how they are drawn: decode.epsilon, top_p, seed)",
+    )
     parser.add_argument("--max-len-offset", type=int, default=None)
     parser.add_argument("--batch-sentences", type=int, default=None)
     parser.add_argument(
@@ -133,9 +140,11 @@ _DECODE_FLAGS = (  # decode key ← argparse destination
     ("temperature", "temperature"),
     ("top_k", "top_k"),
     ("top_p", "top_p"),
+    ("epsilon", "epsilon"),
     ("dtype", "dtype"),
     ("seed", "seed"),
     ("mbr", "mbr"),
+    ("mbr_samples", "mbr_samples"),
 )
 
 

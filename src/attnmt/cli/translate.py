@@ -41,6 +41,12 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     translate.add_argument(
         "--top-p", type=float, default=None, help="for --sample: nucleus mass, 1 = all"
     )
+    translate.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help="for --sample: drop tokens of probability below this (epsilon sampling), 0 = none",
+    )
     translate.add_argument("--seed", type=int, default=None, help="for --sample")
     translate.add_argument(
         "--nbest",

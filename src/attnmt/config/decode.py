@@ -37,13 +37,15 @@ class DecodeConfig:
     xla_backend_optimization_level: OptimizationLevel = -1
     # Sampling instead of search: each output token drawn from softmax(logits / temperature),
     # restricted to the top_k most likely (0 = all), then to the top_p nucleus (the fewest
-    # most likely tokens whose probability reaches top_p; 1 = all). Line i of an input is
-    # drawn from fold_in(PRNGKey(seed), i), so a seed gives the same samples whatever the
-    # batching.
+    # most likely tokens whose probability reaches top_p; 1 = all), then to the tokens of
+    # probability ≥ epsilon (epsilon sampling; 0 = all, the most likely always kept). Line
+    # i of an input is drawn from fold_in(PRNGKey(seed), i), so a seed gives the same
+    # samples whatever the batching.
     sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    epsilon: float = 0.0
     seed: int = 0
     # Parsing runs: greedy and beam search may only write well-formed trees with one leaf
     # per input word (attnmt.decode.tree_grammar); false leaves it all to the repair.
@@ -64,6 +66,12 @@ class DecodeConfig:
     # of the best-scored one (attnmt.decode.mbr). Beam search only.
     mbr: MbrUtility = ""
     mbr_weights: MbrWeights = "model"
+    # With decode.mbr: also draw this many samples per input (temperature, top_k, top_p
+    # and epsilon above, from decode.seed) and weigh the beam's hypotheses against them
+    # too: the samples carry mbr_sample_share of the pseudo-references' weight, the beam's
+    # hypotheses the rest (attnmt.decode.mbr). The candidates stay the beam's. 0 = none.
+    mbr_samples: int = 0
+    mbr_sample_share: float = 0.5
 
     def __post_init__(self) -> None:
         check_types(self, "decode")
@@ -86,6 +94,18 @@ class DecodeConfig:
                 raise ConfigError(f"decode.{name} must be ≥ 0, got {getattr(self, name)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"decode.top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not 0 <= self.epsilon < 1:
+            raise ConfigError(f"decode.epsilon must be in [0, 1) (0 = off), got {self.epsilon}")
+        if self.mbr_samples < 0 or not 0 <= self.mbr_sample_share <= 1:
+            raise ConfigError(
+                f"decode.mbr_samples must be ≥ 0 (got {self.mbr_samples}) and "
+                f"decode.mbr_sample_share in [0, 1] (got {self.mbr_sample_share})"
+            )
+        if self.mbr_samples and not self.mbr:
+            raise ConfigError(
+                f"decode.mbr_samples={self.mbr_samples} draws samples for minimum Bayes risk: "
+                'it needs decode.mbr ("bleu" or "chrf")'
+            )
         if self.mbr and (self.sample or self.beam_size < 2):
             raise ConfigError(
                 f"decode.mbr={self.mbr!r} chooses among a beam's hypotheses: it needs beam "

@@ -505,6 +505,7 @@ def sample(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    epsilon: float = 0.0,
     eos_id: int = EOS_ID,
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
@@ -519,6 +520,9 @@ def sample(
     renormalised distribution, only the smallest set of most likely tokens whose probability
     reaches ``top_p`` is kept, plus every token tied with the least likely one kept (so the set
     does not depend on the order of equal probabilities); the kept tokens are renormalised.
+    With ``epsilon > 0`` (epsilon sampling, Hewitt et al. 2022), applied last, tokens whose
+    probability under that distribution is below ``epsilon`` are dropped too, except the most
+    likely one: unlike the nucleus it needs no sort of the vocabulary.
     ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
     temperature, or ``top_p`` outside ``(0, 1]``, raises ``ValueError``. ``temperature``,
     ``top_k`` and ``top_p`` are static Python numbers.
@@ -537,6 +541,8 @@ def sample(
         raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1] (1 = full distribution), got {top_p}")
+    if not 0 <= epsilon < 1:
+        raise ValueError(f"epsilon must be in [0, 1) (0 = off), got {epsilon}")
     if temperature == 0:
         kwargs = dict(
             eos_id=eos_id,
@@ -549,7 +555,7 @@ def sample(
             tokens_to_logits, cache, batch_size=batch_size, max_decode_len=max_decode_len, **kwargs
         )
 
-    choose = _sampler(rng, batch_size, temperature, top_k, top_p)
+    choose = _sampler(rng, batch_size, temperature, top_k, top_p, epsilon)
     sizes, ids = (batch_size, max_decode_len), (eos_id, bos_id, pad_id)
     return _single_path_decode(
         tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
@@ -571,8 +577,21 @@ def nucleus(logits: jax.Array, top_p: float) -> jax.Array:
     return jnp.where(probs >= least, logits, NEG_INF)
 
 
+def epsilon_truncated(logits: jax.Array, epsilon: float) -> jax.Array:
+    """``logits`` [rows, vocab] with -inf where a token's probability is below ``epsilon``,
+    the most likely token of each row always kept (see :func:`sample`)."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    floor = jnp.minimum(epsilon, jnp.max(probs, axis=-1, keepdims=True))
+    return jnp.where(probs >= floor, logits, NEG_INF)
+
+
 def _sampler(
-    rng: jax.Array, batch_size: int, temperature: float, top_k: int, top_p: float = 1.0
+    rng: jax.Array,
+    batch_size: int,
+    temperature: float,
+    top_k: int,
+    top_p: float = 1.0,
+    epsilon: float = 0.0,
 ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """`choose(log_probs [batch, vocab], step) -> tokens [batch]` for :func:`sample`."""
     typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
@@ -592,6 +611,8 @@ def _sampler(
             scaled = jnp.where(scaled < kth, NEG_INF, scaled)
         if top_p < 1:
             scaled = nucleus(scaled, top_p)
+        if epsilon > 0:
+            scaled = epsilon_truncated(scaled, epsilon)
         if per_row:
             return jax.vmap(draw, in_axes=(0, 0, None))(rng, scaled, step)
         return draw(rng, scaled, step)

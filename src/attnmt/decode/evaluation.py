@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from attnmt.config.decode import DecodeConfig
 from attnmt.config.experiment import Experiment
@@ -85,25 +86,54 @@ def score(
     return sacre, tokenized, m30k
 
 
-def _mbr_choice(decode: DecodeConfig) -> tuple[str, str]:
-    """The minimum-Bayes-risk choice decode makes: its weights matter only when it is on."""
-    return (decode.mbr, decode.mbr_weights) if decode.mbr else ("", "")
+def _mbr_choice(decode: DecodeConfig) -> tuple[Any, ...]:
+    """The minimum-Bayes-risk choice decode makes: its weights matter only when it is on,
+    how its samples are drawn only when it draws some."""
+    if not decode.mbr:
+        return ("", "", 0)
+    if not decode.mbr_samples:
+        return (decode.mbr, decode.mbr_weights, 0)
+    return (decode.mbr, decode.mbr_weights, decode.mbr_samples, *_sampling(decode))
+
+
+def _sampling(decode: DecodeConfig) -> tuple[Any, ...]:
+    return (
+        decode.mbr_sample_share,
+        decode.temperature,
+        decode.top_k,
+        decode.top_p,
+        decode.epsilon,
+        decode.seed,
+    )
+
+
+def _samples_variant(decode: DecodeConfig) -> str:
+    """`-s{S}`, then each way the samples are drawn that differs from the defaults."""
+    defaults = DecodeConfig()
+    names = ("share", "temp", "topk", "topp", "eps", "seed")
+    return f"-s{decode.mbr_samples}" + "".join(
+        f"-{name}{value:g}"
+        for name, value, default in zip(names, _sampling(decode), _sampling(defaults), strict=True)
+        if value != default
+    )
 
 
 def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = "") -> str:
     """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own (and
     `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
     every sweep point's decodes instead of overwriting one file; `-mbr{utility}` (and
-    `-uniform`) when the minimum-Bayes-risk choice is not the run's own, `-nombr` when the
-    run's own is switched off."""
+    `-uniform`, `-s{samples}` and how they are drawn where not the defaults, e.g.
+    `-s16-eps0.02`) when the minimum-Bayes-risk choice is not the run's own, `-nombr` when
+    the run's own is switched off."""
     own = run.experiment.decode
     variant = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
     if decode.unsmooth_words != own.unsmooth_words:
         variant += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
     if _mbr_choice(decode) != _mbr_choice(own):
-        utility, weights = _mbr_choice(decode)
+        utility, weights, samples = _mbr_choice(decode)[:3]
         variant += f"-mbr{utility}" if utility else "-nombr"
         variant += "-uniform" if weights == "uniform" else ""
+        variant += _samples_variant(decode) if samples else ""
     return f"{split}-step{run.step}{tag}-beam{decode.beam_size}{variant}"
 
 

@@ -10,6 +10,13 @@ where u is a sentence-level metric (sacrebleu's sentence BLEU with effective ord
 chrF) of h_i against h_j taken as the reference. Texts that appear more than once (two
 segmentations of one string) are one candidate carrying their summed weight. Ties go to
 the candidate the beam ranked first.
+
+A beam's few hypotheses are the head of the model's distribution, not samples of it; given
+S samples s_1..s_S drawn from the model for the same input (decode.mbr_samples), the
+pseudo-references become a mixture: the beam's hypotheses with weights (1 - share) · w_j and
+each sample with share / S (a Monte Carlo estimate of the rest of the distribution), while
+the candidates stay the beam's (samples are noisier outputs than the beam's; chosen among,
+they lost on validation: docs/REPRODUCING.md "Minimum Bayes risk with samples").
 """
 
 from __future__ import annotations
@@ -54,8 +61,13 @@ def mbr_index(
     log_probs: Sequence[float],
     utility: Callable[[str, str], float],
     weights: MbrWeights = "model",
+    samples: Sequence[str] = (),
+    sample_share: float = 0.5,
 ) -> int:
-    """The index (into `texts`, best-first as the beam ranked them) of the MBR choice."""
+    """The index (into `texts`, best-first as the beam ranked them) of the MBR choice; with
+    `samples`, they carry `sample_share` of the pseudo-references' weight (module docstring)."""
+    if not 0 <= sample_share <= 1:
+        raise ValueError(f"sample_share must be in [0, 1], got {sample_share}")
     weight = candidate_weights(log_probs, weights)
     merged: dict[str, float] = {}
     first: dict[str, int] = {}
@@ -66,8 +78,14 @@ def mbr_index(
     if len(merged) <= 1:
         return next(iter(first.values()), 0)
     distinct = list(merged)
+    references = dict(merged)
+    if samples:
+        references = {text: (1 - sample_share) * w for text, w in merged.items()}
+        for text in samples:
+            references[text] = references.get(text, 0.0) + sample_share / len(samples)
     gains = np.array(
-        [sum(merged[r] * utility(h, r) for r in distinct) for h in distinct], np.float64
+        [sum(w * utility(h, r) for r, w in references.items() if w > 0) for h in distinct],
+        np.float64,
     )
     # Gains equal up to the rounding of their sums count as ties, which keep the candidate
     # the beam ranked higher (the order of `distinct`).

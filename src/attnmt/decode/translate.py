@@ -252,7 +252,7 @@ def _sample(
     max_decode_len: int,
     bos_id: int,
 ) -> tuple[jax.Array, jax.Array]:
-    """search.sample with `sampling` = (temperature, top_k[, top_p])."""
+    """search.sample with `sampling` = (temperature, top_k[, top_p[, epsilon]])."""
     temperature, top_k, *rest = sampling
     return search.sample(
         tokens_to_logits,
@@ -263,6 +263,7 @@ def _sample(
         temperature=temperature,
         top_k=top_k,
         top_p=rest[0] if rest else 1.0,
+        epsilon=rest[1] if len(rest) > 1 else 0.0,
         max_lengths=max_lengths,
         cache_growth=growth,
         bos_id=bos_id,
@@ -373,7 +374,11 @@ def _search_rows(
         max_len_offset=decode.max_len_offset,
         max_positions=min(learned) if learned else None,
         initial_cache_length=decode.initial_cache_length,
-        sampling=(decode.temperature, decode.top_k, decode.top_p) if decode.sample else None,
+        sampling=(
+            (decode.temperature, decode.top_k, decode.top_p, decode.epsilon)
+            if decode.sample
+            else None
+        ),
         grammar=grammar,
         nbest=nbest,
     )
@@ -432,6 +437,7 @@ class Translator:
         # Sources take the form the model trained on; hypotheses come back as plain text.
         self.text_form = text_form or TextForm()
         self.nbest = nbest
+        self._sampler: Translator | None = None
         # Minimum Bayes risk chooses among every hypothesis the beam finished.
         self._utility = sentence_utility(decode.mbr) if decode.mbr else None
         # Hypotheses the search keeps per input: `nbest`, or the whole beam for MBR.
@@ -459,6 +465,28 @@ class Translator:
             row_arguments=4,
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
+        # With decode.mbr_samples, a sampling twin of this translator (same parameters, the
+        # beam's rows per batch) draws the samples MBR weighs the beam's hypotheses against.
+        if decode.mbr and decode.mbr_samples:
+            sampling = dataclasses.replace(
+                decode,
+                sample=True,
+                mbr="",
+                mbr_samples=0,
+                batch_sentences=decode.batch_sentences * decode.beam_size,
+            )
+            self._sampler = Translator(
+                self._trained_configs,
+                [None] * len(self._trained_configs),
+                tokenizer,
+                sampling,
+                warn=warn,
+                nbest=1,
+                mesh=self.mesh,
+                reserved_bytes=reserved_bytes,
+                text_form=text_form,
+            )
+            self._sampler.params_list = self.params_list
 
     @classmethod
     def from_runs(cls, runs: Sequence[Any], decode: DecodeConfig, **options: Any) -> Translator:
@@ -479,6 +507,8 @@ class Translator:
             None if params is None else replicate(layout.for_decoding(config, params)[1], self.mesh)
             for config, params in zip(self._trained_configs, params_list, strict=True)
         ]
+        if self._sampler is not None:
+            self._sampler.params_list = self.params_list
 
     def _source_ids(self, lines: Sequence[str], first_line: int) -> list[list[int]]:
         encoded = []
@@ -499,17 +529,22 @@ class Translator:
         With decode.mbr, each output is the minimum-Bayes-risk choice among the beam's
         hypotheses (attnmt.decode.mbr)."""
         if self._utility is not None:
-            weights = self.decode_config.mbr_weights
+            decode = self.decode_config
+            samples = self._samples(lines, first_line)
             return [
                 candidates[
                     mbr_index(
                         [h.text for h in candidates],
                         [h.log_prob for h in candidates],
                         self._utility,
-                        weights,
+                        decode.mbr_weights,
+                        samples=drawn,
+                        sample_share=decode.mbr_sample_share,
                     )
                 ].text
-                for candidates in self._hypotheses(lines, first_line)
+                for candidates, drawn in zip(
+                    self._hypotheses(lines, first_line), samples, strict=True
+                )
             ]
         if self.nbest:
             return [best[0].text for best in self.translate_nbest(lines, first_line)]
@@ -518,6 +553,17 @@ class Translator:
             outputs[index] = self.text_form.output(self.tokenizer.decode(ids.tolist()))
         return outputs
 
+    def _samples(self, lines: Sequence[str], first_line: int) -> list[list[str]]:
+        """decode.mbr_samples samples of each input (none without a sampler): draw k of line
+        i from fold_in(fold_in(PRNGKey(decode.seed), i), k), whatever the batching."""
+        if self._sampler is None:
+            return [[] for _ in lines]
+        draws = [
+            self._sampler._hypotheses(lines, first_line, draw=k)
+            for k in range(self.decode_config.mbr_samples)
+        ]
+        return [[drawn[i][0].text for drawn in draws] for i in range(len(lines))]
+
     def translate_nbest(self, lines: Sequence[str], first_line: int = 1) -> list[list[Hypothesis]]:
         """The `nbest` best hypotheses of each input, best first, in input order; an empty
         (or whitespace) input gets `nbest` empty texts scored nan."""
@@ -525,12 +571,14 @@ class Translator:
             raise ValueError("this Translator was made without nbest")
         return [best[: self.nbest] for best in self._hypotheses(lines, first_line)]
 
-    def _hypotheses(self, lines: Sequence[str], first_line: int) -> list[list[Hypothesis]]:
+    def _hypotheses(
+        self, lines: Sequence[str], first_line: int, draw: int = 0
+    ) -> list[list[Hypothesis]]:
         """Every hypothesis the search keeps for each input (`nbest`, or the whole beam
-        with decode.mbr), best first, in input order."""
+        with decode.mbr), best first, in input order; `draw` numbers a sampler's draws."""
         unscored = Hypothesis("", float("nan"), float("nan"))
         outputs = [[unscored] * self._kept for _ in lines]
-        for index, (sequences, scores, log_probs) in self._decoded(lines, first_line):
+        for index, (sequences, scores, log_probs) in self._decoded(lines, first_line, draw):
             texts = self.tokenizer.decode_batch(sequences.tolist())
             outputs[index] = [
                 Hypothesis(self.text_form.output(text), float(score), float(log_prob))
@@ -538,14 +586,16 @@ class Translator:
             ]
         return outputs
 
-    def _decoded(self, lines: Sequence[str], first_line: int) -> Iterator[tuple[int, Any]]:
+    def _decoded(
+        self, lines: Sequence[str], first_line: int, draw: int = 0
+    ) -> Iterator[tuple[int, Any]]:
         """(input index, its row of the search's host output) for every non-empty input."""
         sources = self._source_ids(lines, first_line)
         order = sorted((i for i, ids in enumerate(sources) if ids), key=lambda i: len(sources[i]))
         batch = self._sentences_per_batch(lines, sources, order, first_line)
         for start in range(0, len(order), batch):
             chunk = order[start : start + batch]
-            placed = self._rows(lines, sources, chunk, first_line, batch)
+            placed = self._rows(lines, sources, chunk, first_line, batch, draw)
             result = gather_rows(self._decode(self.params_list, *placed))
             for row, index in enumerate(chunk):
                 yield index, jax.tree.map(lambda x, row=row: x[row], result)
@@ -587,6 +637,7 @@ class Translator:
         chunk: list[int],
         first_line: int,
         batch: int,
+        draw: int = 0,
     ) -> tuple[Any, ...]:
         """The search's row arguments for the inputs `chunk` (indices, shortest first), on
         the mesh: source ids padded to a bucket length, sampling keys and grammar inputs;
@@ -596,7 +647,7 @@ class Translator:
         src = np.zeros((rows, length), np.int32)
         for row, index in enumerate(chunk):
             src[row, : len(sources[index])] = sources[index]
-        keys = self._row_keys([first_line + index for index in chunk], rows)
+        keys = self._row_keys([first_line + index for index in chunk], rows, draw)
         leaf_counts, word_pieces = None, None
         if self._grammar is not None:
             grammar = self._grammar_inputs([lines[i] for i in chunk], rows)
@@ -622,14 +673,18 @@ class Translator:
             starts[row, first[[bool(word) for word in line_words]]] = True
         return {"leaf_counts": counts, "word_pieces": (pieces, starts)}
 
-    def _row_keys(self, line_numbers: list[int], rows: int) -> np.ndarray | None:
-        """Sampling keys: line i's from fold_in(PRNGKey(decode.seed), i), filler rows 0's."""
+    def _row_keys(self, line_numbers: list[int], rows: int, draw: int = 0) -> np.ndarray | None:
+        """Sampling keys: line i's from fold_in(PRNGKey(decode.seed), i), filler rows 0's;
+        draw k > 0 of them folds k in once more."""
         if not self.decode_config.sample:
             return None
         numbers = np.zeros(rows, np.uint32)
         numbers[: len(line_numbers)] = line_numbers
         base = jax.random.PRNGKey(self.decode_config.seed)
-        return np.asarray(jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers))
+        keys = jax.vmap(lambda number: jax.random.fold_in(base, number))(numbers)
+        if draw:
+            keys = jax.vmap(lambda key: jax.random.fold_in(key, draw))(keys)
+        return np.asarray(keys)
 
     def translate_stream(self, lines: TextIO, out: TextIO, chunk_lines: int = 1024) -> int:
         """Reads lines, writes one translation per line (with nbest, `nbest` lines in the
