@@ -195,6 +195,9 @@ def test_tree_grammar_parses_on_a_mesh_equal_one_device(parsing_tokenizer):
     [
         (["translate"], "--input is needed when 2 processes translate"),
         (["evaluate", "--average-last", "2"], "--average-last with 2 processes"),
+        # --ema writes each member's <member>/ema: every process would write the same ones.
+        (["evaluate", "--ema", "--ensemble", "other"], "--ema with 2 processes"),
+        (["translate", "--input", "in.txt", "--ema"], "--ema with 2 processes"),
     ],
 )
 def test_a_job_of_processes_is_refused_what_only_one_process_can_do(

@@ -535,14 +535,7 @@ def sample(
     the log-probability of the sample under the *model* (temperature 1, no truncation), so that
     samples can be compared with beam/greedy outputs.
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 = full distribution), got {top_p}")
-    if not 0 <= epsilon < 1:
-        raise ValueError(f"epsilon must be in [0, 1) (0 = off), got {epsilon}")
+    _check_sampling(temperature, top_k, top_p, epsilon)
     if temperature == 0:
         kwargs = dict(
             eos_id=eos_id,
@@ -560,6 +553,17 @@ def sample(
     return _single_path_decode(
         tokens_to_logits, cache, choose, sizes, ids, max_lengths, cache_growth
     )
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float, epsilon: float) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = full distribution), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = full distribution), got {top_p}")
+    if not 0 <= epsilon < 1:
+        raise ValueError(f"epsilon must be in [0, 1) (0 = off), got {epsilon}")
 
 
 def nucleus(logits: jax.Array, top_p: float) -> jax.Array:

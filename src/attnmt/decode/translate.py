@@ -465,28 +465,35 @@ class Translator:
             row_arguments=4,
             compiler_options=compiler_options(decode.xla_backend_optimization_level),
         )
-        # With decode.mbr_samples, a sampling twin of this translator (same parameters, the
-        # beam's rows per batch) draws the samples MBR weighs the beam's hypotheses against.
         if decode.mbr and decode.mbr_samples:
-            sampling = dataclasses.replace(
-                decode,
-                sample=True,
-                mbr="",
-                mbr_samples=0,
-                batch_sentences=decode.batch_sentences * decode.beam_size,
-            )
-            self._sampler = Translator(
-                self._trained_configs,
-                [None] * len(self._trained_configs),
-                tokenizer,
-                sampling,
-                warn=warn,
-                nbest=1,
-                mesh=self.mesh,
-                reserved_bytes=reserved_bytes,
-                text_form=text_form,
-            )
+            self._sampler = self._sampling_twin(tokenizer, warn)
             self._sampler.params_list = self.params_list
+
+    def _sampling_twin(
+        self, tokenizer: Tokenizer, warn: Callable[[str], None] | None
+    ) -> Translator:
+        """A translator that samples with this one's parameters and the beam's rows per
+        batch: it draws the samples decode.mbr_samples weighs the beam's hypotheses against."""
+        decode = self.decode_config
+        sampling = dataclasses.replace(
+            decode,
+            sample=True,
+            mbr="",
+            mbr_samples=0,
+            batch_sentences=decode.batch_sentences * decode.beam_size,
+        )
+        configs = self._trained_configs
+        return Translator(
+            configs,
+            [None] * len(configs),
+            tokenizer,
+            sampling,
+            warn=warn,
+            nbest=1,
+            mesh=self.mesh,
+            reserved_bytes=self._reserved_bytes,
+            text_form=self.text_form,
+        )
 
     @classmethod
     def from_runs(cls, runs: Sequence[Any], decode: DecodeConfig, **options: Any) -> Translator:
