@@ -151,6 +151,10 @@ def get_config(arg: str | None = None):
     # hours' moving averages): chrF MBR over beam 8 decoded 60.09 against 59.54 on En→Fr
     # and 41.29 against 41.11 on En→De, at half the sentences per second; sentence BLEU as
     # the utility, or uniform weights, lost on both (docs/REPRODUCING.md "Minimum Bayes risk").
+    # On three more En→De models (session 38) chrF MBR over beam 8 moved val by -0.27, +0.08
+    # and +0.32; weighing the beam against 16-32 epsilon samples too (decode.mbr_samples)
+    # moved En→De val by as much as the sample seed does and En→Fr by ≤ 0.13
+    # (docs/REPRODUCING.md "Minimum Bayes risk against samples").
     # One run on both cores, not two pinned one per core and ensembled (session 37, En→De:
     # 4,847 updates each, val 39.73 / 39.64 alone, 40.11 ensembled, against 41.10 for this
     # recipe's hours; docs/REPRODUCING.md "Two runs, one per core").
