@@ -15,8 +15,9 @@ A beam's few hypotheses are the head of the model's distribution, not samples of
 S samples s_1..s_S drawn from the model for the same input (decode.mbr_samples), the
 pseudo-references become a mixture: the beam's hypotheses with weights (1 - share) · w_j and
 each sample with share / S (a Monte Carlo estimate of the rest of the distribution), while
-the candidates stay the beam's (samples are noisier outputs than the beam's; chosen among,
-they lost on validation: docs/REPRODUCING.md "Minimum Bayes risk with samples").
+the candidates stay the beam's (samples are noisier outputs than the beam's; as candidates
+too they gained nothing on validation: docs/REPRODUCING.md "Minimum Bayes risk against
+samples").
 """
 
 from __future__ import annotations

@@ -561,8 +561,9 @@ class Translator:
         return outputs
 
     def _samples(self, lines: Sequence[str], first_line: int) -> list[list[str]]:
-        """decode.mbr_samples samples of each input (none without a sampler): draw k of line
-        i from fold_in(fold_in(PRNGKey(decode.seed), i), k), whatever the batching."""
+        """decode.mbr_samples samples of each input (none without a sampler): draw 0 of line
+        i is what decode.sample draws for it, draw k > 0 comes from
+        fold_in(fold_in(PRNGKey(decode.seed), i), k), whatever the batching."""
         if self._sampler is None:
             return [[] for _ in lines]
         draws = [
