@@ -524,8 +524,9 @@ def sample(
     probability under that distribution is below ``epsilon`` are dropped too, except the most
     likely one: unlike the nucleus it needs no sort of the vocabulary.
     ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
-    temperature, or ``top_p`` outside ``(0, 1]``, raises ``ValueError``. ``temperature``,
-    ``top_k`` and ``top_p`` are static Python numbers.
+    temperature or top_k, ``top_p`` outside ``(0, 1]`` or ``epsilon`` outside ``[0, 1)``
+    raises ``ValueError``. ``temperature``, ``top_k``, ``top_p`` and ``epsilon`` are static
+    Python numbers.
     The randomness of step ``t`` is ``fold_in(rng, t)``, so results depend only on ``rng``.
     ``rng`` is one key for the whole batch, or one key per row (``[batch]`` typed keys or
     ``[batch, 2]`` raw ones): then each row's sample depends only on its own key, not on the
