@@ -42,9 +42,6 @@ def test_epsilon_keeps_the_tokens_at_least_that_likely(probs, epsilon, kept):
     assert sorted(np.flatnonzero(epsilon_reference(np.asarray(probs, np.float64), epsilon))) == kept
 
 
-LOGITS = SAMPLER_LOGITS
-
-
 @pytest.mark.parametrize(
     ("temperature", "top_k", "epsilon"),
     [(1.0, 0, 0.1), (1.0, 0, 0.2), (0.7, 0, 0.08), (1.0, 4, 0.25), (2.0, 0, 0.17)],
@@ -57,6 +54,6 @@ def test_frequencies_match_the_truncated_distribution(temperature, top_k, epsilo
 def test_epsilon_zero_is_off():
     cache, key = jnp.zeros((256,), jnp.int32), jax.random.key(3)
     args = dict(batch_size=256, max_decode_len=4)
-    plain = sample(constant_model(LOGITS), cache, key, **args)[0]
-    off = sample(constant_model(LOGITS), cache, key, epsilon=0.0, **args)[0]
+    plain = sample(constant_model(SAMPLER_LOGITS), cache, key, **args)[0]
+    off = sample(constant_model(SAMPLER_LOGITS), cache, key, epsilon=0.0, **args)[0]
     np.testing.assert_array_equal(off, plain)
