@@ -159,3 +159,17 @@ def check_sampler_frequencies(seed: int, expected: np.ndarray, **sampling) -> No
     model_logp = jax.nn.log_softmax(jnp.asarray(SAMPLER_LOGITS))
     eos_rows = np.asarray(log_probs)[first == EOS]
     np.testing.assert_allclose(eos_rows, float(model_logp[EOS]), rtol=1e-5)
+
+
+def nucleus_reference(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """float64: the fewest most likely tokens whose probability reaches top_p, plus every
+    token tied with the least likely of them; the kept ones renormalised."""
+    order = np.argsort(-probs, kind="stable")
+    total, least = 0.0, None
+    for token in order:
+        if total >= top_p:
+            break
+        total += probs[token]
+        least = probs[token]
+    kept = np.where(probs >= least, probs, 0.0)
+    return kept / kept.sum()

@@ -20,23 +20,10 @@ from tests.decode.search_reference import (
     check_sampler_frequencies,
     constant_model,
     fast_jit,
+    nucleus_reference,
     tempered_first_token,
 )
 from tests.helpers import translate_lines
-
-
-def nucleus_reference(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """float64: the fewest most likely tokens whose probability reaches top_p, plus every
-    token tied with the least likely of them; the kept ones renormalised."""
-    order = np.argsort(-probs, kind="stable")
-    total, least = 0.0, None
-    for token in order:
-        if total >= top_p:
-            break
-        total += probs[token]
-        least = probs[token]
-    kept = np.where(probs >= least, probs, 0.0)
-    return kept / kept.sum()
 
 
 @pytest.mark.parametrize(

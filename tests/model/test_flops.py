@@ -43,6 +43,8 @@ def _matmul_flops(jaxpr) -> int:
         dict(d_k=5, d_v=7, num_heads=3),
         # a deep encoder under a shallow decoder: each stack counted at its own depth
         dict(d_k=8, d_v=8, num_heads=2, num_encoder_layers=3, num_decoder_layers=1),
+        # a gated FFN: a third d_model × d_ff matrix per layer
+        dict(d_k=8, d_v=8, num_heads=2, gated_ffn=True),
     ],
 )
 def test_padded_count_equals_every_traced_matmul(sizes):

@@ -104,12 +104,23 @@ def test_one_embedding_matrix_serves_source_target_and_output():
 
 
 @pytest.mark.parametrize(
-    "positional,norm_position",
-    [("sinusoidal", "post"), ("learned", "post"), ("sinusoidal", "pre")],
+    "positional,norm_position,gated",
+    [
+        ("sinusoidal", "post", False),
+        ("learned", "post", False),
+        ("sinusoidal", "pre", False),
+        ("sinusoidal", "pre", True),  # SwiGLU (model.gated_ffn)
+    ],
 )
 @pytest.mark.parametrize("length", [1, 4, 9])
-def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, length):
-    config = dataclasses.replace(CONFIG, positional=positional, norm_position=norm_position)
+def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, gated, length):
+    config = dataclasses.replace(
+        CONFIG,
+        positional=positional,
+        norm_position=norm_position,
+        gated_ffn=gated,
+        activation="swish" if gated else CONFIG.activation,
+    )
     model, params = _init(config)
     rng = np.random.default_rng(length)
     src = _tokens(rng, 3, 5).at[1, 3:].set(PAD_ID)

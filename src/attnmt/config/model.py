@@ -66,6 +66,11 @@ class ModelConfig:
     # cosines of the same frequencies (Marian's layout).
     positional_layout: PositionalLayout = "interleaved"
     activation: Activation = "relu"  # the FFN's non-linearity: §3.3 ReLU; opus-mt uses swish
+    # A gated FFN (Shazeer 2020, "GLU Variants Improve Transformer"; not in the paper):
+    # FFN(x) = (act(x W1 + b1) ⊙ (x V + c)) W2 + b2 with a third d_model × d_ff matrix V, so
+    # relu / swish / gelu give ReGLU / SwiGLU / GEGLU. At equal parameters and FLOPs d_ff
+    # shrinks to 2/3. False = §3.3's FFN.
+    gated_ffn: bool = False
     scale_embedding: bool = True  # §3.4 multiplies embeddings by √d_model
     attention_bias: bool = False  # biases on the Q, K, V and output projections
     final_logits_bias: bool = False  # a fixed (never trained) bias added to the logits

@@ -68,6 +68,7 @@ __all__ = [
     "length_penalty",
     "nucleus",
     "sample",
+    "top_k_truncated",
 ]
 
 
@@ -522,7 +523,7 @@ def sample(
     does not depend on the order of equal probabilities); the kept tokens are renormalised.
     With ``epsilon > 0`` (epsilon sampling, Hewitt et al. 2022), applied last, tokens whose
     probability under that distribution is below ``epsilon`` are dropped too, except the most
-    likely one: unlike the nucleus it needs no sort of the vocabulary.
+    likely one. None of the three sorts the vocabulary (:func:`_largest_passing`).
     ``temperature == 0`` means greedy decoding (delegates to :func:`greedy_search`); a negative
     temperature or top_k, ``top_p`` outside ``(0, 1]`` or ``epsilon`` outside ``[0, 1)``
     raises ``ValueError``. ``temperature``, ``top_k``, ``top_p`` and ``epsilon`` are static
@@ -570,16 +571,56 @@ def _check_sampling(temperature: float, top_k: int, top_p: float, epsilon: float
 def nucleus(logits: jax.Array, top_p: float) -> jax.Array:
     """``logits`` [rows, vocab] with -inf outside each row's top-p nucleus (see :func:`sample`).
 
-    A token is in the nucleus when the probability of the strictly more likely tokens before
-    it in sorted order is below ``top_p``; ties with the last such token are kept too.
+    The nucleus is the fewest most likely tokens whose probability reaches ``top_p``, plus
+    every token tied with the least likely of them: all tokens of probability ≥ v, for the
+    largest v with mass(p ≥ v) ≥ top_p. That v is found without sorting the vocabulary
+    (:func:`_largest_passing`); a row whose whole mass rounds below ``top_p`` keeps every token.
     """
     probs = jax.nn.softmax(logits, axis=-1)  # [rows, vocab]; -inf logits give 0
-    ordered = -jnp.sort(-probs, axis=-1)  # [rows, vocab] most likely first
-    before = jnp.cumsum(ordered, axis=-1) - ordered  # mass of the tokens sorted before
-    # The first token always has 0 before it, so every row keeps at least one token.
-    kept = jnp.sum(before < top_p, axis=-1, keepdims=True)  # [rows, 1]
-    least = jnp.take_along_axis(ordered, kept - 1, axis=-1)  # [rows, 1] smallest kept prob
-    return jnp.where(probs >= least, logits, NEG_INF)
+    # Non-negative float32s order as their bit patterns do (the sign bit is 0).
+    keys = lax.bitcast_convert_type(probs, jnp.uint32)
+
+    def reaches(kept: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.where(kept, probs, 0.0), axis=-1, keepdims=True) >= top_p
+
+    least = _largest_passing(keys, reaches, bits=31)  # [rows, 1]
+    return jnp.where(keys >= least, logits, NEG_INF)
+
+
+def top_k_truncated(logits: jax.Array, top_k: int) -> jax.Array:
+    """``logits`` [rows, vocab] with -inf below each row's ``top_k``-th largest value (ties
+    with it kept), found without sorting (:func:`_largest_passing`)."""
+    # -0.0 and +0.0 are equal as floats but not as bit patterns: make them one.
+    keys = _ordered_keys(jnp.where(logits == 0, 0.0, logits))
+
+    def enough(kept: jax.Array) -> jax.Array:
+        return jnp.sum(kept, axis=-1, keepdims=True, dtype=jnp.int32) >= top_k
+
+    kth = _largest_passing(keys, enough, bits=32)  # [rows, 1]
+    return jnp.where(keys >= kth, logits, NEG_INF)
+
+
+def _ordered_keys(x: jax.Array) -> jax.Array:
+    """float32 → uint32 with the floats' order (-inf lowest): negative floats' bits are
+    complemented (a larger magnitude is smaller), non-negative ones get the top bit."""
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
+
+
+def _largest_passing(
+    keys: jax.Array, passes: Callable[[jax.Array], jax.Array], bits: int
+) -> jax.Array:
+    """The largest t < 2**bits (uint32, [rows, 1]) for which ``passes(keys >= t)`` holds, 0
+    when none does. ``passes`` must be monotone (true up to some t, false above), as a count
+    or a mass of the keys ≥ t is; t is set bit by bit from the highest, one masked reduction
+    over the vocabulary per bit, where a sort would cost O(vocab · log vocab) per row."""
+
+    def next_bit(i: jax.Array, t: jax.Array) -> jax.Array:
+        candidate = t | jnp.left_shift(jnp.uint32(1), (bits - 1 - i).astype(jnp.uint32))
+        return jnp.where(passes(keys >= candidate), candidate, t)
+
+    start = jnp.zeros((*keys.shape[:-1], 1), jnp.uint32)
+    return lax.fori_loop(0, bits, next_bit, start)
 
 
 def epsilon_truncated(logits: jax.Array, epsilon: float) -> jax.Array:
@@ -612,8 +653,7 @@ def _sampler(
         # it is sampling from softmax(logits / T); masked tokens stay at -inf.
         scaled = logp / temperature  # [batch, vocab]
         if 0 < top_k < scaled.shape[-1]:
-            kth = lax.top_k(scaled, top_k)[0][:, -1:]  # [batch, 1]
-            scaled = jnp.where(scaled < kth, NEG_INF, scaled)
+            scaled = top_k_truncated(scaled, top_k)
         if top_p < 1:
             scaled = nucleus(scaled, top_p)
         if epsilon > 0:

@@ -141,6 +141,7 @@ def check_exportable(model: ModelConfig) -> None:
         ("positional_layout", "halves", "MarianMTModel's sinusoids are sines then cosines"),
         ("norm_position", "post", "MarianMTModel is post-norm"),
         ("layer_norm_epsilon", HF_LAYER_NORM_EPSILON, "MarianMTModel's LayerNorm uses 1e-5"),
+        ("gated_ffn", False, "MarianMTModel's FFN has no gate"),
     )
     for key, wanted, why in required:
         if getattr(model, key) != wanted:

@@ -47,14 +47,14 @@ def forward_flops_parts(
     model.decoder_layers:
 
       encoder, per layer:  s · 2·(d·h·(2·d_k + d_v) + h·d_v·d)          Q, K, V, output
-                         + s · 2·(2·d·d_ff)                            FFN
+                         + s · 2·(2·d·d_ff)  (3·d·d_ff if gated)       FFN
                          + s · s · 2·h·(d_k + d_v)                     scores + values
       decoder, per layer:  t · 2·(d·h·(2·d_k + d_v) + h·d_v·d)          self Q, K, V, out
                          + t · 2·(d·h·d_k + h·d_v·d)                   cross Q, out
                          + s · 2·(d·h·(d_k + d_v))                     cross K, V (source)
                          + t(t+1)/2 · 2·h·(d_k + d_v)                  causal self scores+values
                          + t · s · 2·h·(d_k + d_v)                     cross scores + values
-                         + t · 2·(2·d·d_ff)                            FFN
+                         + t · 2·(2·d·d_ff)  (3·d·d_ff if gated)       FFN
       output projection:   t · 2·V·d                                   shared embedding
 
     Only work that a real token needs is counted: no padding positions, no masked
@@ -67,7 +67,7 @@ def forward_flops_parts(
     c = model
     d, h, dk, dv = c.d_model, c.num_heads, c.d_k, c.d_v
     qkvo = d * h * (2 * dk + dv) + h * dv * d
-    ffn = 2 * d * c.d_ff
+    ffn = (3 if c.gated_ffn else 2) * d * c.d_ff  # W1 (and the gate V), W2
     attend = 2 * h * (dk + dv)  # per (query, key) pair: scores and weighted values
     encoder_dense = s * 2 * (qkvo + ffn)
     decoder_dense = (

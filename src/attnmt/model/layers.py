@@ -305,7 +305,8 @@ _ACTIVATIONS = {
 
 
 class FeedForward(nn.Module):
-    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2 (`model.activation` replaces the max)."""
+    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2 (`model.activation` replaces the max; with
+    `model.gated_ffn` the activation is multiplied by a second projection x V + c, "wg")."""
 
     config: ModelConfig
 
@@ -313,15 +314,9 @@ class FeedForward(nn.Module):
     def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
         cfg = self.config
         dtype = compute_dtype(cfg)
-        hidden = nn.Dense(
-            cfg.d_ff,
-            dtype=dtype,
-            param_dtype=jnp.float32,
-            kernel_init=_partitioned(nn.initializers.xavier_uniform(), (axes.EMBED, axes.MLP)),
-            bias_init=_partitioned(nn.initializers.zeros, (axes.MLP,)),
-            name="wi",
-        )(x)
-        hidden = _ACTIVATIONS[cfg.activation](hidden)
+        hidden = _ACTIVATIONS[cfg.activation](_to_hidden(cfg, "wi")(x))
+        if cfg.gated_ffn:
+            hidden = hidden * _to_hidden(cfg, "wg")(x)
         if train and cfg.activation_dropout_rate > 0:
             dropout = nn.Dropout(rate=cfg.activation_dropout_rate, name="activation_dropout")
             hidden = dropout(hidden, deterministic=False)
@@ -335,6 +330,18 @@ class FeedForward(nn.Module):
             name="wo",
         )(hidden)
         return constrain(output, (axes.BATCH, axes.LENGTH, axes.EMBED))
+
+
+def _to_hidden(config: ModelConfig, name: str) -> nn.Dense:
+    """A d_model → d_ff projection of the FFN (W1, or the gate's V)."""
+    return nn.Dense(
+        config.d_ff,
+        dtype=compute_dtype(config),
+        param_dtype=jnp.float32,
+        kernel_init=_partitioned(nn.initializers.xavier_uniform(), (axes.EMBED, axes.MLP)),
+        bias_init=_partitioned(nn.initializers.zeros, (axes.MLP,)),
+        name=name,
+    )
 
 
 def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
