@@ -1,5 +1,7 @@
 """Parameter counts equal the closed-form count of the architecture (§3, Table 3)."""
 
+import dataclasses
+
 import pytest
 
 from attnmt.config import load_experiment
@@ -8,9 +10,10 @@ from attnmt.model.param_count import count_parameters
 from tests.helpers import CONFIGS
 
 
-def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False):
+def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False, gated=False):
     attention = d * h * d_k * 2 + d * h * d_v + h * d_v * d  # W^Q, W^K, W^V, W^O (no biases)
     ffn = d * d_ff + d_ff + d_ff * d + d  # W1, b1, W2, b2
+    ffn += (d * d_ff + d_ff) if gated else 0  # the gate's V and c (model.gated_ffn)
     norm = 2 * d  # gain and bias
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm
@@ -44,8 +47,11 @@ def test_base_model_is_the_papers_size():
 
 
 @pytest.mark.parametrize("pair", ["en-de", "en-fr"])
-def test_multi30k_recipe_count_matches_formula(pair):
+@pytest.mark.parametrize("gated", [False, True])
+def test_multi30k_recipe_count_matches_formula(pair, gated):
     m = load_experiment(str(CONFIGS / f"multi30k.py:pair={pair}")).model
+    if gated != m.gated_ffn:
+        m = dataclasses.replace(m, gated_ffn=gated)
     expected = closed_form(
         m.d_model,
         m.d_ff,
@@ -55,5 +61,6 @@ def test_multi30k_recipe_count_matches_formula(pair):
         m.num_layers,
         m.vocab_size,
         pre_norm=m.norm_position == "pre",
+        gated=m.gated_ffn,
     )
     assert count_parameters(m)["total"] == expected
