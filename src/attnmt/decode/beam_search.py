@@ -576,7 +576,8 @@ def nucleus(logits: jax.Array, top_p: float) -> jax.Array:
     largest v with mass(p ≥ v) ≥ top_p. That v is found without sorting the vocabulary
     (:func:`_largest_passing`); a row whose whole mass rounds below ``top_p`` keeps every token.
     """
-    probs = jax.nn.softmax(logits, axis=-1)  # [rows, vocab]; -inf logits give 0
+    # [rows, vocab] float32 (the keys below are 32-bit patterns); -inf logits give 0
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     # Non-negative float32s order as their bit patterns do (the sign bit is 0).
     keys = lax.bitcast_convert_type(probs, jnp.uint32)
 
