@@ -39,6 +39,16 @@ def test_roundtrip(tokenizer: Tokenizer, corpus_pairs) -> None:
     assert tokenizer.decode_batch(tokenizer.encode_batch(texts)) == texts
 
 
+def test_lone_surrogates_are_encoded_as_the_replacement_character(tokenizer: Tokenizer) -> None:
+    # Python strings may hold them (errors="surrogateescape"); UTF-8, and so sentencepiece,
+    # cannot. Found by tests/decode/test_translate_fuzz.py: translate(["\ud800"]) raised.
+    texts = ["the \ud800 dog", "\udcff", "a \udfff\ud800 cat"]
+    expected = ["the \ufffd dog", "\ufffd", "a \ufffd\ufffd cat"]
+    for text, replaced in zip(texts, expected, strict=True):
+        assert tokenizer.encode(text) == tokenizer.encode(replaced)
+    assert tokenizer.encode_batch(["a dog", *texts]) == tokenizer.encode_batch(["a dog", *expected])
+
+
 def test_decode_stops_at_eos_ignores_pad_bos(tokenizer: Tokenizer) -> None:
     a, b = tokenizer.encode("the red dog"), tokenizer.encode("ein hund")
     assert tokenizer.decode([*a, EOS_ID, *b]) == "the red dog"

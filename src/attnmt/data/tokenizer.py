@@ -21,6 +21,14 @@ from attnmt.errors import DataError
 from attnmt.storage import Path, as_path, write_bytes_atomic
 
 WORD_START = "\u2581"  # sentencepiece's mark for a piece that begins a word
+# Lone surrogates (text decoded with errors="surrogateescape", or built in Python) have no
+# UTF-8 form, and sentencepiece takes only UTF-8: they become U+FFFD, as undecodable bytes
+# read by the CLI do.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_encodable(text: str) -> str:
+    return _SURROGATES.sub("\ufffd", text)
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -251,10 +259,20 @@ class Tokenizer(SpecialIds):
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without EOS."""
-        return self._sp.encode(text, out_type=int)
+        try:
+            return self._sp.encode(text, out_type=int)
+        except RuntimeError:  # the only text sentencepiece refuses: a lone surrogate
+            return self._sp.encode(_utf8_encodable(text), out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts), out_type=int, num_threads=self.threads)
+        texts = list(texts)
+        try:
+            return self._sp.encode(texts, out_type=int, num_threads=self.threads)
+        except (RuntimeError, TypeError):  # batches refuse a lone surrogate with TypeError
+            if not any(isinstance(text, str) and _SURROGATES.search(text) for text in texts):
+                raise
+            texts = [_utf8_encodable(text) for text in texts]
+            return self._sp.encode(texts, out_type=int, num_threads=self.threads)
 
     def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Target sentences: the shared model encodes both sides alike."""
