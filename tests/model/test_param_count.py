@@ -49,9 +49,8 @@ def test_base_model_is_the_papers_size():
 @pytest.mark.parametrize("pair", ["en-de", "en-fr"])
 @pytest.mark.parametrize("gated", [False, True])
 def test_multi30k_recipe_count_matches_formula(pair, gated):
-    m = load_experiment(str(CONFIGS / f"multi30k.py:pair={pair}")).model
-    if gated != m.gated_ffn:
-        m = dataclasses.replace(m, gated_ffn=gated)
+    recipe = load_experiment(str(CONFIGS / f"multi30k.py:pair={pair}")).model
+    m = dataclasses.replace(recipe, gated_ffn=gated)
     expected = closed_form(
         m.d_model,
         m.d_ff,

@@ -16,7 +16,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from attnmt.common import EOS_ID, PAD_ID, UNK_ID
-from attnmt.data.tokenizer import SpecialIds
+from attnmt.data.tokenizer import SpecialIds, sentencepiece_encode
 from attnmt.errors import DataError
 
 VOCAB_FILE = "vocab.json"
@@ -72,13 +72,16 @@ class PairTokenizer(SpecialIds):
         code = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[: end + 2]], text[end + 2 :]
-        return self._ids([*code, *self._source.encode(text, out_type=str)])
+        return self._ids([*code, *sentencepiece_encode(self._source, text, out_type=str)])
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
     def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self._ids(pieces) for pieces in self._target.encode(list(texts), out_type=str)]
+        return [
+            self._ids(pieces)
+            for pieces in sentencepiece_encode(self._target, list(texts), out_type=str)
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Target text of `ids` up to the first EOS, ignoring pad and the start token."""

@@ -27,8 +27,18 @@ WORD_START = "\u2581"  # sentencepiece's mark for a piece that begins a word
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _utf8_encodable(text: str) -> str:
-    return _SURROGATES.sub("\ufffd", text)
+def sentencepiece_encode(processor: spm.SentencePieceProcessor, texts: str | list[str], **options):
+    """`processor.encode(texts, **options)`, retried with lone surrogates replaced when
+    sentencepiece refuses them (RuntimeError for one text, TypeError for a list): ordinary
+    text pays nothing for the check."""
+    try:
+        return processor.encode(texts, **options)
+    except (RuntimeError, TypeError):
+        items = texts if isinstance(texts, list) else [texts]
+        if not any(isinstance(text, str) and _SURROGATES.search(text) for text in items):
+            raise
+        cleaned = [_SURROGATES.sub("\ufffd", text) for text in items]
+        return processor.encode(cleaned if isinstance(texts, list) else cleaned[0], **options)
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -259,20 +269,10 @@ class Tokenizer(SpecialIds):
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without EOS."""
-        try:
-            return self._sp.encode(text, out_type=int)
-        except RuntimeError:  # the only text sentencepiece refuses: a lone surrogate
-            return self._sp.encode(_utf8_encodable(text), out_type=int)
+        return sentencepiece_encode(self._sp, text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        texts = list(texts)
-        try:
-            return self._sp.encode(texts, out_type=int, num_threads=self.threads)
-        except (RuntimeError, TypeError):  # batches refuse a lone surrogate with TypeError
-            if not any(isinstance(text, str) and _SURROGATES.search(text) for text in texts):
-                raise
-            texts = [_utf8_encodable(text) for text in texts]
-            return self._sp.encode(texts, out_type=int, num_threads=self.threads)
+        return sentencepiece_encode(self._sp, list(texts), out_type=int, num_threads=self.threads)
 
     def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Target sentences: the shared model encodes both sides alike."""
