@@ -29,7 +29,9 @@ def _train(lines: list[str], path: Path) -> spm.SentencePieceProcessor:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> tuple[Path, spm.SentencePieceProcessor, spm.SentencePieceProcessor]:
+def folder(
+    tmp_path_factory,
+) -> tuple[Path, dict[str, int], spm.SentencePieceProcessor, spm.SentencePieceProcessor]:
     out = tmp_path_factory.mktemp("pair")
     source = _train(sentences(EN, 200, 1), out / "source.spm")
     target = _train([translation(s) for s in sentences(EN, 200, 2)], out / "target.spm")
@@ -38,7 +40,7 @@ def folder(tmp_path_factory) -> tuple[Path, spm.SentencePieceProcessor, spm.Sent
         for i in range(model.get_piece_size()):
             vocab.setdefault(model.id_to_piece(i), len(vocab))
     (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    return out, source, target
+    return out, vocab, source, target
 
 
 def _expected(model: spm.SentencePieceProcessor, vocab: dict[str, int], text: str) -> list[int]:
@@ -46,8 +48,7 @@ def _expected(model: spm.SentencePieceProcessor, vocab: dict[str, int], text: st
 
 
 def test_ids_are_the_vocabularys_ids_of_sentencepieces_pieces(folder) -> None:
-    path, source, target = folder
-    vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    path, vocab, source, target = folder
     tokenizer = PairTokenizer(path)
     text = "the red dog runs in the park"
     assert tokenizer.encode(text) == _expected(source, vocab, text)
@@ -61,8 +62,7 @@ def test_ids_are_the_vocabularys_ids_of_sentencepieces_pieces(folder) -> None:
 def test_lone_surrogates_are_encoded_as_the_replacement_character(folder) -> None:
     # UTF-8 cannot hold them, so sentencepiece refuses them; Python strings can (text read
     # with errors="surrogateescape"). The session-40 fix reached this tokenizer too.
-    path, source, target = folder
-    vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    path, vocab, source, target = folder
     tokenizer = PairTokenizer(path)
     texts = ["the \ud800 dog", "\udcff", "a \udfff\ud800 cat"]
     replaced = ["the \ufffd dog", "\ufffd", "a \ufffd\ufffd cat"]
