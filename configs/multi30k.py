@@ -108,6 +108,9 @@ def get_config(arg: str | None = None):
     # against 59.35 (chosen on val; its test, decoded once chosen, is 61.00 against 61.43).
     # Dropout 0.1 (session 38, 8,685 updates): the average 0.02 ahead at 4,000 updates, level
     # at 6,800, 0.004 behind at 8,000 (0.958), val 59.87 against 59.76 / 59.68: level.
+    # 0.05 for 3,000 updates, then 0.15 (train.early_dropout_steps, session 42, SwiGLU):
+    # 0.15 ahead at 800 updates, 0.016 at 4,000, level from 6,000 (0.949 at 7,200 against
+    # 0.947 / 0.948), val 59.78 against 59.85 / 59.53: level (docs/REPRODUCING.md).
     if args["pair"] == "en-fr":
         config.model.dropout_rate = 0.15
     # The quick run with 0 (session 40, its 2,563 updates): updates 4 % cheaper, the average's
