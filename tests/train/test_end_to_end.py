@@ -346,33 +346,36 @@ def test_early_dropout_runs_without_dropout_until_its_step(reversal_corpus, tmp_
     """Dropout 0 for the first 12 updates, then 0.3: with SGD (updates linear in the
     gradient, tests/equivalence.py) the first 12 are those of a run without dropout, and
     the run of 16 is not; both through the fused step and through gradient accumulation
-    (train.max_tokens_per_device, where the loop hands the step to each micro-batch)."""
+    (train.max_tokens_per_device, where the loop hands the step to each micro-batch). Each
+    run is 16 updates with a checkpoint at 12, read back for the first comparison."""
 
-    def sgd_run(steps, *extra):
+    def sgd_run(name, *extra):
         overrides = [
-            *reversal_overrides(reversal_corpus, steps),
+            *reversal_overrides(reversal_corpus, 16),
             "--config.optim.algorithm=sgd",
             "--config.train.eval_every_steps=0",
+            "--config.train.checkpoint_every_steps=12",
             "--config.parallel.num_devices=1",  # 512 tokens on one device: 8 rows of 64
             *(["--config.train.max_tokens_per_device=128"] if accumulated else []),
             *extra,
         ]
-        trainer = build_trainer(tiny_experiment(overrides), tmp_path / f"{steps}{extra}")
+        trainer = build_trainer(tiny_experiment(overrides), tmp_path / name)
         assert trainer.accumulation_steps == (4 if accumulated else 1)
         start = jax.device_get(trainer.state.params)
         trainer.run()
-        return start, jax.device_get(trainer.state.params)
+        at_12 = CheckpointManager(tmp_path / name).restore_params(12, trainer.state.params)
+        return start, jax.device_get(at_12), jax.device_get(trainer.state.params)
 
     phased = (
         "--config.model.dropout_rate=0.3",
         "--config.train.early_dropout_steps=12",
         "--config.train.early_dropout_rate=0.0",
     )
-    start, without = sgd_run(12)
-    _, early = sgd_run(12, *phased)
-    assert_same_updates(start, without, early, steps=12)
+    start, without_12, without_16 = sgd_run("without")
+    phased_start, early_12, phased_16 = sgd_run("phased", *phased)
+    leaves = jax.tree_util.tree_leaves
+    assert all(map(np.array_equal, leaves(start), leaves(phased_start)))  # one seed, one start
+    assert_same_updates(start, without_12, early_12, steps=12)
     # The comparison tells dropout apart: four updates at 0.3 are enough to fail it.
-    _, sixteen_without = sgd_run(16)
-    _, sixteen = sgd_run(16, *phased)
     with pytest.raises(AssertionError):  # after update 12 the rate is 0.3
-        assert_same_updates(start, sixteen_without, sixteen, steps=16)
+        assert_same_updates(start, without_16, phased_16, steps=16)
