@@ -40,6 +40,10 @@ def get_config(arg: str | None = None):
     # val Multi30K BLEU 37.67 (both sides) and 38.49 (source only) against 40.45, both still
     # learning at the hour's end (session 26, docs/REPRODUCING.md "BPE-dropout").
     config.data.subword_dropout = 0.0
+    # One direction only: data.train_both_directions (every pair also reversed, Fr→En) left
+    # the En→Fr hour's moving average 0.13 behind in val nll at 4,000 updates, stopped there
+    # (session 43, both cores, docs/REPRODUCING.md "Both directions in one model").
+    config.data.train_both_directions = False
     # The full recipe trains on the official lowercased Moses-tokenized form, as published
     # Multi30K results do (data.text_form; outputs are lowercase, scored by Multi30K BLEU).
     # Hours on both cores of an AMD EPYC with AVX-512, the moving average (docs/REPRODUCING.md

@@ -45,6 +45,11 @@ class DataConfig:
     # False: BPE-dropout on the source side only; targets keep the standard segmentation,
     # so the decoder learns the one it is scored and decodes with.
     subword_dropout_target: bool = True
+    # True: the training split also holds every pair reversed (target → source), so one
+    # model learns both directions over the shared vocabulary (bidirectional training, Niu
+    # et al. 2018). No language tag is needed with two languages: the source's language
+    # names the direction. Validation, test and decoding keep src_lang → tgt_lang.
+    train_both_directions: bool = False
     # "lc.norm.tok": train and translate on the text as the official Multi30K tok/ files
     # have it (lowercased, punctuation-normalised, Moses-tokenized), the form published
     # Multi30K results train on; sources take that form before translation and hypotheses
@@ -127,6 +132,14 @@ class DataConfig:
                 "data.subword_dropout (BPE-dropout) needs data.vocab_kind='sentencepiece' "
                 "with data.vocab_model_type='bpe', and translation data: a tree's symbols and "
                 "copied words must keep one segmentation on both sides"
+            )
+        if self.train_both_directions and (
+            self.source == "treebank" or self.vocab_kind != "sentencepiece"
+        ):
+            raise ConfigError(
+                "data.train_both_directions needs translation data and one sentencepiece "
+                "vocabulary for both sides (data.vocab_kind='sentencepiece'): a tree is no "
+                "source, and an imported (vocab_kind='pair') model segments each side its own way"
             )
         if self.text_form != "raw" and (self.source == "treebank" or self.vocab_kind == "pair"):
             raise ConfigError(

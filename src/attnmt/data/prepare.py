@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -45,6 +46,16 @@ def iter_split(
     options = _source_options(config)
     pairs = sources.iter_pairs(config.source, split, config.src_lang, config.tgt_lang, **options)
     return TextForm.of(config).pairs(pairs) if as_trained else pairs
+
+
+def iter_training_pairs(config: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    """`split` as trained on: with data.train_both_directions the training split's pairs,
+    then each of them reversed (target, source); any other split as iter_split gives it."""
+    pairs = iter_split(config, split)
+    if not _both_directions(config, split):
+        return pairs
+    reversed_pairs = ((tgt, src) for src, tgt in iter_split(config, split))
+    return itertools.chain(pairs, reversed_pairs)
 
 
 def load_split(config: DataConfig, split: str, *, as_trained: bool = True) -> list[tuple[str, str]]:
@@ -103,13 +114,17 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def _both_directions(config: DataConfig, split: str) -> bool:
+    return config.train_both_directions and split == config.train_split
+
+
 def cache_folder(
     config: DataConfig, tokenizer_path: Path, tokenizer: Tokenizer, split: str, workdir: Path
 ) -> Path:
     """Where a split's token cache lives: under data.cache_dir ("" = <workdir>/data), in a
     folder named by a digest of everything that changes the tokens (source, split,
-    languages, treebank options, the text's form, the vocabulary's bytes, max_length, the
-    cache format)."""
+    languages, treebank options, the text's form, both directions, the vocabulary's bytes,
+    max_length, the cache format)."""
     key = json.dumps(
         [
             config.source,
@@ -124,6 +139,7 @@ def cache_folder(
             config.treebank_leaves,
             *([config.text_form] if config.text_form != "raw" else []),
             split,
+            *(["both directions"] if _both_directions(config, split) else []),
             config.max_length,
             token_cache.FORMAT,
             *map(_file_digest, getattr(tokenizer, "files", (tokenizer_path,))),
@@ -150,7 +166,7 @@ def tokenized_split(
     folder = cache_folder(config, tokenizer_path, tokenizer, split, workdir)
     return token_cache.load_or_write(
         folder,
-        lambda: iter_split(config, split),
+        lambda: iter_training_pairs(config, split),
         tokenizer,
         config.max_length,
         key=f"{config.source} {split!r} max_length={config.max_length}",

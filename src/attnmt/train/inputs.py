@@ -20,7 +20,13 @@ from attnmt.config.experiment import Experiment
 from attnmt.data.batching import bucket_shapes
 from attnmt.data.parsing import treebank_trees
 from attnmt.data.pipeline import BatchIterator, FilterStats, TokenizedCorpus
-from attnmt.data.prepare import ensure_vocab, iter_split, tokenized_split, vocab_path
+from attnmt.data.prepare import (
+    ensure_vocab,
+    iter_split,
+    iter_training_pairs,
+    tokenized_split,
+    vocab_path,
+)
 from attnmt.data.sources import multi30k_recorded_dir
 from attnmt.data.subword_sampling import EpochCorpora
 from attnmt.data.token_cache import Processes
@@ -88,7 +94,7 @@ def prepare_inputs(experiment: Experiment, workdir: Path, mesh: Mesh) -> TrainIn
     corpus: TokenizedCorpus | EpochCorpora
     if data.subword_dropout:
         assert isinstance(tokenizer, Tokenizer)  # DataConfig allows only a sentencepiece one
-        pairs = list(iter_split(data, data.train_split))
+        pairs = list(iter_training_pairs(data, data.train_split))
         corpus = EpochCorpora(
             pairs,
             tokenizer,
