@@ -4,16 +4,20 @@ cache key without the option, and configurations it cannot serve are left as the
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
 import sentencepiece as spm
 
+from attnmt.cli.main import main
 from attnmt.common import EOS_ID
 from attnmt.config.data import DataConfig
 from attnmt.data.prepare import cache_folder, iter_training_pairs, tokenized_split
 from attnmt.data.token_cache import Layout
 from attnmt.errors import ConfigError
+from tests.helpers import tiny_train_args, write_reversal_corpus
 
 MAX_LENGTH = 24
 
@@ -70,6 +74,24 @@ def test_only_the_training_split_gets_another_cache(tmp_path, corpus_pairs, toke
 
     assert folder(one, "train") != folder(both, "train")
     assert folder(one, "val") == folder(both, "val")
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["token cache", "BPE-dropout"])
+def test_the_trainer_reads_both_directions(tmp_path, caplog, sampled):
+    corpus = write_reversal_corpus(tmp_path / "corpus", train=150, dev=0)
+    args = tiny_train_args(
+        tmp_path / "run",
+        corpus,
+        1,
+        "--config.data.train_both_directions=true",
+        "--config.train.eval_every_steps=0",
+        "--config.train.memory_preflight=false",
+        *(["--config.data.subword_dropout=0.1"] if sampled else []),
+    )
+    with caplog.at_level(logging.INFO, logger="attnmt.train"):
+        assert main(args) == 0
+    # 150 pairs read, 150 more turned round (a few may be too long for max_length 8)
+    assert re.search(r"training pairs 'train': kept \d+ of 300 pairs", caplog.text)
 
 
 @pytest.mark.parametrize(
