@@ -173,7 +173,7 @@ def get_config(arg: str | None = None):
     # the En→De hour"). En→Fr, 8,745 updates: the average's val nll level with λ 0.1 from
     # 4,000 to 6,400 updates, then ahead by more at each evaluation, 0.9311 at 8,400 against
     # 0.9423 (seeds differ by ≤ 0.007); val Multi30K BLEU 60.40 against 59.85 / 59.53, test
-    # 61.83 against 61.84 / 61.62. En→De, 8,400 updates: 0.03-0.035 ahead at every
+    # 61.83 against 61.84 / 61.62. En→De, 8,400 updates: 0.025-0.037 ahead at every
     # evaluation (1.494 against 1.529 at 8,400; seeds differ by ≤ 0.016), val 41.63 against
     # 41.61 and test 40.59 against 40.66: chosen on the loss, BLEU level. λ 0.3 (session 44,
     # "Weight decay 0.3 for both hours") is level with 0.2: 0.008 / 0.006 lower at the end
