@@ -186,6 +186,9 @@ def get_config(arg: str | None = None):
     # AVX-512, 2026-12-04, Multi30K BLEU): En→De hour 39.50 against 39.36, En→Fr hour on
     # both cores 58.63 against 58.45, quick run (sacreBLEU) 34.86 against 34.68 (0.8: 34.57,
     # 1.5: 34.41). docs/REPRODUCING.md "Decoding α 1.2"; `attnmt evaluate --alpha` overrides it.
+    # α 1.8 (session 44) brings the hours' 4 %-short En→De outputs to the references' length
+    # but loses as much precision: val +0.45 / −0.24 / +0.19 on three En→De models, +0.01 on
+    # En→Fr (docs/REPRODUCING.md "The hours' brevity and the length penalty").
     config.decode.alpha = 1.2
     # The beam's best, not its minimum-Bayes-risk choice (decode.mbr, session 36, val, the
     # hours' moving averages): chrF MBR over beam 8 decoded 60.09 against 59.54 on En→Fr
