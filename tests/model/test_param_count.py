@@ -10,11 +10,13 @@ from attnmt.model.param_count import count_parameters
 from tests.helpers import CONFIGS
 
 
-def closed_form(d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False, gated=False):
+def closed_form(
+    d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False, gated=False, scale=False
+):
     attention = d * h * d_k * 2 + d * h * d_v + h * d_v * d  # W^Q, W^K, W^V, W^O (no biases)
     ffn = d * d_ff + d_ff + d_ff * d + d  # W1, b1, W2, b2
     ffn += (d * d_ff + d_ff) if gated else 0  # the gate's V and c (model.gated_ffn)
-    norm = 2 * d  # gain and bias
+    norm = 1 if scale else 2 * d  # ScaleNorm's one gain (model.norm_type), or gain and bias
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm
     embedding = vocab * d  # shared by both stacks and the pre-softmax projection
@@ -48,9 +50,10 @@ def test_base_model_is_the_papers_size():
 
 @pytest.mark.parametrize("pair", ["en-de", "en-fr"])
 @pytest.mark.parametrize("gated", [False, True])
-def test_multi30k_recipe_count_matches_formula(pair, gated):
+@pytest.mark.parametrize("norm_type", ["layer", "scale"])
+def test_multi30k_recipe_count_matches_formula(pair, gated, norm_type):
     recipe = load_experiment(str(CONFIGS / f"multi30k.py:pair={pair}")).model
-    m = dataclasses.replace(recipe, gated_ffn=gated)
+    m = dataclasses.replace(recipe, gated_ffn=gated, norm_type=norm_type)
     expected = closed_form(
         m.d_model,
         m.d_ff,
@@ -61,5 +64,6 @@ def test_multi30k_recipe_count_matches_formula(pair, gated):
         m.vocab_size,
         pre_norm=m.norm_position == "pre",
         gated=m.gated_ffn,
+        scale=m.norm_type == "scale",
     )
     assert count_parameters(m)["total"] == expected

@@ -23,8 +23,8 @@ SRC = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]])
 TGT = jnp.array([[11, 12, 13, 1, 0], [14, 1, 0, 0, 0]])
 
 
-def _configs(norm_position):
-    per_layer = dataclasses.replace(CONFIG, norm_position=norm_position)
+def _configs(norm_position, norm_type="layer"):
+    per_layer = dataclasses.replace(CONFIG, norm_position=norm_position, norm_type=norm_type)
     return per_layer, dataclasses.replace(per_layer, scan_layers=True)
 
 
@@ -61,9 +61,11 @@ def test_stack_and_unstack_are_exact_inverses():
     np.testing.assert_array_equal(second, params["decoder_1"]["cross_attention"]["query"]["kernel"])
 
 
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
-def test_scanned_logits_and_gradients_equal_the_per_layer_model(norm_position):
-    per_layer, scanned = _configs(norm_position)
+@pytest.mark.parametrize(
+    ("norm_position", "norm_type"), [("post", "layer"), ("pre", "layer"), ("pre", "scale")]
+)
+def test_scanned_logits_and_gradients_equal_the_per_layer_model(norm_position, norm_type):
+    per_layer, scanned = _configs(norm_position, norm_type)
     params = _per_layer_params(per_layer)
     stacked = layout.stack_layers(params, per_layer)
     weights = jax.random.normal(jax.random.PRNGKey(3), (2, 5, CONFIG.vocab_size))

@@ -104,21 +104,25 @@ def test_one_embedding_matrix_serves_source_target_and_output():
 
 
 @pytest.mark.parametrize(
-    "positional,norm_position,gated",
+    "positional,norm_position,gated,norm_type",
     [
-        ("sinusoidal", "post", False),
-        ("learned", "post", False),
-        ("sinusoidal", "pre", False),
-        ("sinusoidal", "pre", True),  # SwiGLU (model.gated_ffn)
+        ("sinusoidal", "post", False, "layer"),
+        ("learned", "post", False, "layer"),
+        ("sinusoidal", "pre", False, "layer"),
+        ("sinusoidal", "pre", True, "layer"),  # SwiGLU (model.gated_ffn)
+        ("sinusoidal", "pre", True, "scale"),  # ScaleNorm (model.norm_type)
     ],
 )
 @pytest.mark.parametrize("length", [1, 4, 9])
-def test_incremental_decoding_equals_teacher_forcing(positional, norm_position, gated, length):
+def test_incremental_decoding_equals_teacher_forcing(
+    positional, norm_position, gated, norm_type, length
+):
     config = dataclasses.replace(
         CONFIG,
         positional=positional,
         norm_position=norm_position,
         gated_ffn=gated,
+        norm_type=norm_type,
         activation="swish" if gated else CONFIG.activation,
     )
     model, params = _init(config)

@@ -13,6 +13,7 @@ from attnmt.errors import ConfigError
 Positional = Literal["sinusoidal", "learned"]
 DType = Literal["float32", "bfloat16"]
 NormPosition = Literal["post", "pre"]
+NormType = Literal["layer", "scale"]
 PositionalLayout = Literal["interleaved", "halves"]
 Activation = Literal["relu", "swish", "gelu"]
 
@@ -56,6 +57,11 @@ class ModelConfig:
     # final LayerNorm per stack (tensor2tensor's later default): same parameters plus two
     # norms, and it trains faster early on, which matters when compute is scarce.
     norm_position: NormPosition = "post"
+    # "layer" is §3.1's LayerNorm (a gain and a bias per feature). "scale" is ScaleNorm
+    # (Nguyen & Salazar 2019, "Transformers without Tears"; not in the paper):
+    # g · x / ‖x‖ with one learned scalar g per norm, started at √d_model, reported to help
+    # pre-norm models on small corpora. Both everywhere a norm stands.
+    norm_type: NormType = "layer"
     # Run each stack as one nn.scan over stacked layer parameters: the train step is traced
     # and compiled once per stack instead of once per layer. Same function and parameter
     # count; decoding converts to the per-layer layout (attnmt.model.layout).

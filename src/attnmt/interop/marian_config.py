@@ -140,6 +140,7 @@ def check_exportable(model: ModelConfig) -> None:
         ("positional", "sinusoidal", "MarianMTModel has sinusoidal positions only"),
         ("positional_layout", "halves", "MarianMTModel's sinusoids are sines then cosines"),
         ("norm_position", "post", "MarianMTModel is post-norm"),
+        ("norm_type", "layer", "MarianMTModel normalises with LayerNorm"),
         ("layer_norm_epsilon", HF_LAYER_NORM_EPSILON, "MarianMTModel's LayerNorm uses 1e-5"),
         ("gated_ffn", False, "MarianMTModel's FFN has no gate"),
     )

@@ -11,7 +11,7 @@ import jax
 
 from attnmt.common import axes
 from attnmt.config.model import ModelConfig
-from attnmt.model.layers import FeedForward, MultiHeadAttention, layer_norm
+from attnmt.model.layers import FeedForward, MultiHeadAttention, norm_layer
 
 
 class Residual(nn.Module):
@@ -24,7 +24,7 @@ class Residual(nn.Module):
     config: ModelConfig
 
     def setup(self) -> None:
-        self.norm = layer_norm(self.config)
+        self.norm = norm_layer(self.config)
         self.dropout = nn.Dropout(rate=self.config.dropout_rate)
 
     def sublayer_input(self, x: jax.Array) -> jax.Array:

@@ -344,7 +344,29 @@ def _to_hidden(config: ModelConfig, name: str) -> nn.Dense:
     )
 
 
-def layer_norm(config: ModelConfig, name: str | None = None) -> nn.LayerNorm:
+class ScaleNorm(nn.Module):
+    """g · x / ‖x‖ over the features, one learned scalar g started at √d_model (Nguyen &
+    Salazar 2019): what LayerNorm does without centring and with one gain for all features."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        start = float(self.config.d_model) ** 0.5
+        gain = self.param(
+            "scale", _partitioned(nn.initializers.constant(start), ()), (), jnp.float32
+        )
+        # The norm is taken in float32 even when the model computes in bfloat16.
+        x32 = x.astype(jnp.float32)
+        norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=-1, keepdims=True))
+        scaled = x32 * (gain / jnp.maximum(norm, self.config.layer_norm_epsilon))
+        return scaled.astype(compute_dtype(self.config))
+
+
+def norm_layer(config: ModelConfig, name: str | None = None) -> nn.Module:
+    """The normalisation `model.norm_type` names: §3.1's LayerNorm, or ScaleNorm."""
+    if config.norm_type == "scale":
+        return ScaleNorm(config, name=name)
     return nn.LayerNorm(
         epsilon=config.layer_norm_epsilon,
         dtype=compute_dtype(config),

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from attnmt.common import BOS_ID, PAD_ID, axes
 from attnmt.config.model import ModelConfig
 from attnmt.model.blocks import DecoderLayer, DecoderStack, EncoderLayer, EncoderStack
-from attnmt.model.layers import PositionalEncoding, SharedEmbedding, constrain, layer_norm
+from attnmt.model.layers import PositionalEncoding, SharedEmbedding, constrain, norm_layer
 
 
 def padding_mask(query_tokens: jax.Array | None, key_tokens: jax.Array) -> jax.Array:
@@ -87,9 +87,9 @@ class Transformer(nn.Module):
         # One mask value per token, shared by its features: a dropped word's embedding is 0.
         self.word_dropout = nn.Dropout(rate=cfg.word_dropout_rate, broadcast_dims=(-1,))
         if cfg.norm_position == "pre":
-            # Pre-norm leaves each stack's output un-normalised; one LayerNorm closes it.
-            self.encoder_norm = layer_norm(cfg)
-            self.decoder_norm = layer_norm(cfg)
+            # Pre-norm leaves each stack's output un-normalised; one norm closes it.
+            self.encoder_norm = norm_layer(cfg)
+            self.decoder_norm = norm_layer(cfg)
         self.decode_position = DecodePosition()
         if cfg.final_logits_bias:
             self.logits_bias = self.param(
