@@ -60,7 +60,7 @@ class ModelConfig:
     # "layer" is §3.1's LayerNorm (a gain and a bias per feature). "scale" is ScaleNorm
     # (Nguyen & Salazar 2019, "Transformers without Tears"; not in the paper):
     # g · x / ‖x‖ with one learned scalar g per norm, started at √d_model, reported to help
-    # pre-norm models on small corpora. Both everywhere a norm stands.
+    # pre-norm models on small corpora. The choice holds for every norm in the model.
     norm_type: NormType = "layer"
     # Run each stack as one nn.scan over stacked layer parameters: the train step is traced
     # and compiled once per stack instead of once per layer. Same function and parameter
