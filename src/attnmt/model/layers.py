@@ -358,7 +358,7 @@ class ScaleNorm(nn.Module):
         )
         # The norm is taken in float32 even when the model computes in bfloat16.
         x32 = x.astype(jnp.float32)
-        norm = jnp.sqrt(jnp.sum(jnp.square(x32), axis=-1, keepdims=True))
+        norm = jnp.linalg.norm(x32, axis=-1, keepdims=True)
         scaled = x32 * (gain / jnp.maximum(norm, self.config.layer_norm_epsilon))
         return scaled.astype(compute_dtype(self.config))
 
