@@ -100,6 +100,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
     parser.add_argument("--alpha", type=float, default=None, help="length penalty α")
+    parser.add_argument("--coverage", type=float, default=None, help="coverage penalty β")
     parser.add_argument(
         "--mbr",
         choices=("bleu", "chrf"),
@@ -133,6 +134,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 _DECODE_FLAGS = (  # decode key ← argparse destination
     ("beam_size", "beam"),
     ("alpha", "alpha"),
+    ("coverage_penalty", "coverage"),
     ("max_len_offset", "max_len_offset"),
     ("batch_sentences", "batch_sentences"),
     ("xla_backend_optimization_level", "xla_opt_level"),

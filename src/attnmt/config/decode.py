@@ -22,6 +22,10 @@ class DecodeConfig:
     beam_size: int = 4  # §6.1
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^α
     max_len_offset: int = 50  # maximum output length = input length + offset (§6.1)
+    # β of GNMT's coverage penalty, β Σ_i log min(Σ_j p_ij, 1) added to a finished
+    # hypothesis's score, p_ij the last decoder layer's head-averaged attention of output
+    # token j on source token i (attnmt.decode.coverage). Beam search only; 0 = off.
+    coverage_penalty: float = 0.0
     batch_sentences: int = 64
     # Share of the device's memory (on a CPU the host's, which its devices share) one
     # batch's search may hold, read from XLA's analysis of the compiled search on the
@@ -87,8 +91,10 @@ class DecodeConfig:
                 f"decode.memory_fraction must be in [0, 1] (0 = no check), got "
                 f"{self.memory_fraction}"
             )
-        if self.alpha < 0 or self.max_len_offset < 0:
-            raise ConfigError("decode.alpha and decode.max_len_offset must be ≥ 0")
+        if self.alpha < 0 or self.max_len_offset < 0 or self.coverage_penalty < 0:
+            raise ConfigError(
+                "decode.alpha, decode.max_len_offset and decode.coverage_penalty must be ≥ 0"
+            )
         for name in ("temperature", "top_k", "seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"decode.{name} must be ≥ 0, got {getattr(self, name)}")

@@ -55,11 +55,16 @@ TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 # to search with: -inf for tokens that may not come next, others possibly rescored (e.g.
 # attnmt.decode.tree_grammar); positions ≥ step of a prefix are unset.
 TokenConstraint = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+# The cache after a step (leaves [batch * beam, ...]) -> float [batch * beam]: a term ≤ 0
+# added to the score of a hypothesis that finishes at that step from that row (e.g. the
+# coverage penalty of attnmt.decode.coverage).
+FinishPenalty = Callable[[PyTree], jax.Array]
 
 NEG_INF = float("-inf")
 
 __all__ = [
     "CacheGrowth",
+    "FinishPenalty",
     "beam_search",
     "doubling_capacities",
     "ensemble",
@@ -250,14 +255,18 @@ def _select_finished(
     cand_seqs: jax.Array,
     cand_is_eos: jax.Array,
     alpha: jax.Array,
+    cand_penalty: jax.Array | float = 0.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Merges this step's EOS candidates into the finished top-K: (seqs, scores, logp)."""
+    """Merges this step's EOS candidates into the finished top-K: (seqs, scores, logp).
+
+    ``cand_penalty`` [batch, 2K] (≤ 0) is added to the score of each EOS candidate."""
     beam_size = state.fin_scores.shape[1]
     # As in fairseq/OpenNMT an EOS candidate is accepted only if it ranks within the top K of
     # this step's candidates, which makes beam_size=1 coincide with greedy decoding.
     in_top_k = jnp.arange(2 * beam_size) < beam_size  # [2K]
     penalty = length_penalty(state.step + 1, alpha)  # |Y| of a hypothesis finishing now
-    cand_scores = jnp.where(cand_is_eos & in_top_k, cand_logp / penalty, NEG_INF)  # [batch, 2K]
+    finishing = cand_is_eos & in_top_k
+    cand_scores = jnp.where(finishing, cand_logp / penalty + cand_penalty, NEG_INF)  # [batch, 2K]
     # Existing entries come first so that on ties top_k (lower index first) keeps them.
     all_scores = jnp.concatenate([state.fin_scores, cand_scores], axis=1)  # [batch, 3K]
     all_seqs = jnp.concatenate([state.fin_seqs, cand_seqs], axis=1)  # [batch, 3K, max_len]
@@ -282,7 +291,9 @@ def _sentence_done(
     A live prefix with log-prob l <= 0 can only lose probability, so its best final score is
     l / max lp(n) over the reachable lengths n in [new_len + 1, L_b]. lp is monotone in n
     (increasing for alpha >= 0, decreasing for alpha < 0), so the max is at one end. Dividing by
-    the *largest* penalty is the optimistic choice because l is negative. Empty finished slots
+    the *largest* penalty is the optimistic choice because l is negative. A finish penalty
+    (:data:`FinishPenalty`) is ≤ 0, so it can only lower a final score: the bound holds with
+    it as it is. Empty finished slots
     (-inf) keep a sentence running while any beam is alive; dead beams (-inf) never do.
     """
     best_lp = jnp.maximum(length_penalty(new_len + 1, alpha), length_penalty(row_max, alpha))
@@ -297,6 +308,7 @@ def _beam_step(
     alpha: jax.Array,
     ids: tuple[int, int, int],
     constraint: TokenConstraint | None,
+    finish_penalty: FinishPenalty | None = None,
 ) -> _BeamState:
     batch, beam_size, _ = state.live_seqs.shape
     logits, cache = tokens_to_logits(state.last_tok.reshape(batch * beam_size, 1), state.cache)
@@ -307,8 +319,13 @@ def _beam_step(
         logp = constraint(state.live_seqs, state.step, logp)
     cand_logp, cand_seqs, cand_beam = _extend_candidates(state, logp, beam_size)
     cand_is_eos = cand_seqs[:, :, state.step] == ids[0]  # [batch, 2K]
+    cand_penalty = 0.0
+    if finish_penalty is not None:
+        # A candidate finishing now takes the penalty of the row it extends, after this step.
+        by_row = finish_penalty(cache).astype(jnp.float32).reshape(batch, beam_size)
+        cand_penalty = jnp.take_along_axis(by_row, cand_beam, axis=1)  # [batch, 2K]
     fin_seqs, fin_scores, fin_logp = _select_finished(
-        state, cand_logp, cand_seqs, cand_is_eos, alpha
+        state, cand_logp, cand_seqs, cand_is_eos, alpha, cand_penalty
     )
 
     # Live: the best K non-EOS candidates; finished hypotheses are never extended.
@@ -341,6 +358,7 @@ def beam_search(
     max_lengths: jax.Array | None = None,
     cache_growth: CacheGrowth | None = None,
     constraint: TokenConstraint | None = None,
+    finish_penalty: FinishPenalty | None = None,
     return_log_probs: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Beam search with the GNMT length penalty and exact early stopping.
@@ -358,7 +376,10 @@ def beam_search(
     log-prob / the largest reachable length penalty); the loop stops when all sentences are done
     or after ``max_decode_len`` steps. ``cache_growth``: see :class:`CacheGrowth`.
     ``constraint`` bans (or rescores) tokens per beam and step (:data:`TokenConstraint`); the
-    log-probabilities of the tokens left are not renormalised.
+    log-probabilities of the tokens left are not renormalised. ``finish_penalty``
+    (:data:`FinishPenalty`) adds a term ≤ 0 to a finishing hypothesis's score, read from its
+    row of the cache after the step that emits its EOS; the live beams are still ranked by
+    log-probability alone, as the length penalty leaves them.
 
     Returns ``sequences`` int32 ``[batch, beam, max_decode_len]`` (best first) and ``scores``
     float32 ``[batch, beam]``; with ``return_log_probs`` also ``log_probs`` float32
@@ -375,7 +396,8 @@ def beam_search(
     state = _initial_beam_state(cache, batch_size, beam_size, max_decode_len, (bos_id, pad_id))
 
     def body(s: _BeamState) -> _BeamState:
-        return _beam_step(s, tokens_to_logits, row_max, alpha, (eos_id, bos_id, pad_id), constraint)
+        ids = (eos_id, bos_id, pad_id)
+        return _beam_step(s, tokens_to_logits, row_max, alpha, ids, constraint, finish_penalty)
 
     final = _run_until_done(state, body, capacities, cache_growth)
     sequences, scores = _finished_hypotheses(final, pad_id)

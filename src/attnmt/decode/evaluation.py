@@ -119,7 +119,8 @@ def _samples_variant(decode: DecodeConfig) -> str:
 
 
 def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = "") -> str:
-    """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own (and
+    """`{split}-step{N}{tag}-beam{B}`, with `-alpha{α}` when α is not the run's own, then
+    `-cov{β}` when the coverage penalty is not (and
     `-unsmoothed` / `-smoothed` when decode.unsmooth_words is not), so that a sweep keeps
     every sweep point's decodes instead of overwriting one file; `-mbr{utility}` (and
     `-uniform`, `-s{samples}` and how they are drawn where not the defaults, e.g.
@@ -127,6 +128,8 @@ def decodes_stem(split: str, run: LoadedRun, decode: DecodeConfig, tag: str = ""
     the run's own is switched off."""
     own = run.experiment.decode
     variant = "" if decode.alpha == own.alpha else f"-alpha{decode.alpha:g}"
+    if decode.coverage_penalty != own.coverage_penalty:
+        variant += f"-cov{decode.coverage_penalty:g}"
     if decode.unsmooth_words != own.unsmooth_words:
         variant += "-unsmoothed" if decode.unsmooth_words else "-smoothed"
     if _mbr_choice(decode) != _mbr_choice(own):

@@ -43,6 +43,7 @@ from attnmt.data.text_form import TextForm
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decode import beam_search as search
 from attnmt.decode.batch_memory import agreed, fitting_sentences, per_device_budget
+from attnmt.decode.coverage import COVERAGE_KEY, finish_penalty, last_cross_attention
 from attnmt.decode.mbr import mbr_index, sentence_utility
 from attnmt.decode.sharded import (
     data_parallel,
@@ -67,12 +68,19 @@ def _is_beam_invariant(path: tuple[str, ...]) -> bool:
 
 
 def _step_fn(
-    model: Transformer, params: Any, src_tokens: jax.Array, max_decode_len: int, rows: int
+    model: Transformer,
+    params: Any,
+    src_tokens: jax.Array,
+    max_decode_len: int,
+    rows: int,
+    coverage: bool = False,
 ):
     """The decoder cache of a batch, expanded to `rows` per sentence, and the step closure.
 
     Returns (the cache the search carries and reorders, tokens_to_logits). The
-    cross-attention keys/values stay outside the carried cache, as loop constants.
+    cross-attention keys/values stay outside the carried cache, as loop constants. With
+    `coverage` the carried cache is `{"model": ..., COVERAGE_KEY: [rows, src_len]}`, the
+    latter summing the attention of every step (attnmt.decode.coverage).
     """
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
     start = jnp.full((src_tokens.shape[0], 1), model.config.decoder_start_id, jnp.int32)
@@ -86,16 +94,14 @@ def _step_fn(
         method=Transformer.decode,
         mutable=["cache"],
     )
-    flat = traverse_util.flatten_dict(search.expand_to_beams(variables["cache"], rows))
-    invariant = {k: v for k, v in flat.items() if _is_beam_invariant(k)}
-    carried = traverse_util.unflatten_dict(
-        {k: v for k, v in flat.items() if not _is_beam_invariant(k)}
-    )
+    invariant, carried = _split_invariant(search.expand_to_beams(variables["cache"], rows))
     encoded_rows = search.expand_to_beams(encoded, rows)
     src_rows = search.expand_to_beams(src_tokens, rows)
+    collections = ["cache", "intermediates"] if coverage else ["cache"]
 
     def tokens_to_logits(tokens: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-        full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **invariant})
+        own = cache["model"] if coverage else cache
+        full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(own), **invariant})
         logits, updated = model.apply(
             {"params": params, "cache": full},
             encoded_rows,
@@ -103,16 +109,26 @@ def _step_fn(
             tokens,
             decode=True,
             method=Transformer.decode,
-            mutable=["cache"],
+            mutable=collections,
         )
-        kept = {
-            k: v
-            for k, v in traverse_util.flatten_dict(updated["cache"]).items()
-            if not _is_beam_invariant(k)
-        }
-        return logits[:, 0], traverse_util.unflatten_dict(kept)
+        kept = _split_invariant(updated["cache"])[1]
+        if not coverage:
+            return logits[:, 0], kept
+        attended = last_cross_attention(updated["intermediates"], model.config.decoder_layers)
+        return logits[:, 0], {"model": kept, COVERAGE_KEY: cache[COVERAGE_KEY] + attended}
 
+    if coverage:
+        zeros = jnp.zeros(src_rows.shape, jnp.float32)  # [sentences × rows, src_len]
+        carried = {"model": carried, COVERAGE_KEY: zeros}
     return carried, tokens_to_logits
+
+
+def _split_invariant(cache: Any) -> tuple[dict, Any]:
+    """(the beam-invariant entries, flattened; the rest, as a tree) of a decoder cache."""
+    flat = traverse_util.flatten_dict(cache)
+    invariant = {k: v for k, v in flat.items() if _is_beam_invariant(k)}
+    rest = {k: v for k, v in flat.items() if not _is_beam_invariant(k)}
+    return invariant, traverse_util.unflatten_dict(rest)
 
 
 _SELF_ATTENTION_CACHE = ("cached_key", "cached_value")
@@ -142,20 +158,22 @@ def prepare_search(
     rows: int,
     max_decode_len: int,
     initial_cache_length: int = 0,
+    coverage: bool = False,
 ) -> tuple[search.TokensToLogits, Any, search.CacheGrowth | None]:
     """`(tokens_to_logits, cache, cache_growth)` for the searches of beam_search.py.
 
     `rows` per sentence; several models are ensembled (their log-probabilities averaged).
     With `initial_cache_length` > 0 the self-attention caches start with that much room and
     double when full (`cache_growth`, to pass on to the search); with 0 they hold
-    `max_decode_len` positions from the start and `cache_growth` is None.
+    `max_decode_len` positions from the start and `cache_growth` is None. With `coverage`
+    every model's cache also sums its attention over the source (attnmt.decode.coverage).
     """
     capacities = search.doubling_capacities(max_decode_len, initial_cache_length)
     fns, caches = [], []
     for config, params in zip(configs, params_list, strict=True):
         config, params = layout.for_decoding(config, params)
         model = Transformer(config)
-        cache, step = _step_fn(model, params, src_tokens, capacities[0], rows)
+        cache, step = _step_fn(model, params, src_tokens, capacities[0], rows, coverage)
         fns.append(step)
         caches.append(cache)
     growth = None
@@ -182,14 +200,18 @@ def decode_batch(
     leaf_counts: jax.Array | None = None,
     word_pieces: tuple[jax.Array, jax.Array] | None = None,
     nbest: int = 0,
+    coverage_penalty: float = 0.0,
 ) -> jax.Array | Hypotheses:
     """Best output token ids [batch, max_decode_len] for a padded source batch; with
     `sampling` = (temperature, top_k[, top_p]), row i's sample drawn from `row_keys[i]`
     instead. With a `grammar`, only trees with `leaf_counts[i]` leaves are written for row i
     (a copying grammar's leaves are `word_pieces`, as TreeGrammar.banned takes them).
-    With `nbest` = K ≥ 1, the K best hypotheses with their scores instead (best_sequences)."""
+    With `nbest` = K ≥ 1, the K best hypotheses with their scores instead (best_sequences).
+    `coverage_penalty` β > 0 adds GNMT's coverage penalty to beam search's finished scores
+    (attnmt.decode.coverage); greedy decoding and sampling have no use for it."""
     src_len = src_tokens.shape[1]
     max_decode_len = src_len + max_len_offset
+    covering = coverage_penalty > 0 and sampling is None and beam_size > 1
     if max_positions is not None:
         max_decode_len = min(max_decode_len, max_positions)
     tokens_to_logits, cache, growth = prepare_search(
@@ -199,18 +221,11 @@ def decode_batch(
         rows=1 if sampling is not None else beam_size,
         max_decode_len=max_decode_len,
         initial_cache_length=initial_cache_length,
+        coverage=covering,
     )
     real_lengths = jnp.sum(src_tokens != PAD_ID, axis=1)
     # Empty filler rows finish at once; real rows may run to input length + offset (§6.1).
     max_lengths = jnp.where(real_lengths > 0, real_lengths + max_len_offset, 1)
-    constraint = None
-    if grammar is not None:
-
-        def constraint(prefixes: jax.Array, step: jax.Array, log_probs: jax.Array) -> jax.Array:
-            return grammar.constrain(
-                prefixes, step, log_probs, leaf_counts, max_lengths, word_pieces
-            )
-
     return best_sequences(
         tokens_to_logits,
         cache,
@@ -222,9 +237,26 @@ def decode_batch(
         sampling=sampling,
         row_keys=row_keys,
         bos_id=configs[0].decoder_start_id,
-        constraint=constraint,
+        constraint=_grammar_constraint(grammar, leaf_counts, max_lengths, word_pieces),
         nbest=nbest,
+        finish=finish_penalty(src_tokens, beam_size, coverage_penalty) if covering else None,
     )
+
+
+def _grammar_constraint(
+    grammar: TreeGrammar | None,
+    leaf_counts: jax.Array | None,
+    max_lengths: jax.Array,
+    word_pieces: tuple[jax.Array, jax.Array] | None,
+) -> search.TokenConstraint | None:
+    """The search's TokenConstraint of `grammar` for rows with `leaf_counts` leaves."""
+    if grammar is None:
+        return None
+
+    def constraint(prefixes: jax.Array, step: jax.Array, log_probs: jax.Array) -> jax.Array:
+        return grammar.constrain(prefixes, step, log_probs, leaf_counts, max_lengths, word_pieces)
+
+    return constraint
 
 
 class Hypotheses(NamedTuple):
@@ -284,18 +316,17 @@ def best_sequences(
     bos_id: int = BOS_ID,
     constraint: search.TokenConstraint | None = None,
     nbest: int = 0,
+    finish: search.FinishPenalty | None = None,
 ) -> jax.Array | Hypotheses:
-    """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for
-    beam 1, beam search otherwise; or a sample per sentence given `sampling` =
-    (temperature, top_k[, top_p]) and a key per row. `max_lengths` [batch] bounds each
-    output. `bos_id` is the decoder's start token (model.decoder_start_id), never emitted;
+    """The best hypothesis per sentence, [batch, max_decode_len]: greedy decoding for beam
+    1, beam search otherwise (with `finish`, its FinishPenalty); or a sample per sentence
+    given `sampling` = (temperature, top_k[, top_p]) and a key per row. `max_lengths`
+    [batch] bounds each output. `bos_id` is the decoder's start token, never emitted;
     `constraint` bans tokens during greedy or beam search, not sampling. With `nbest` = K
     (1 ≤ K ≤ beam_size; 1 for sampling) the K best as Hypotheses instead."""
     batch = max_lengths.shape[0]
     if not 0 <= nbest <= (1 if sampling is not None else beam_size):
-        raise ValueError(
-            f"nbest = {nbest}: 0 (sequences only) or 1..beam size ({beam_size}; 1 to sample)"
-        )
+        raise ValueError(f"nbest = {nbest}: 0 (sequences) or 1..beam {beam_size} (1 to sample)")
     if sampling is not None:
         sequences, log_probs = _sample(
             tokens_to_logits, cache, growth, sampling, row_keys, max_lengths, max_decode_len, bos_id
@@ -324,6 +355,7 @@ def best_sequences(
         cache_growth=growth,
         bos_id=bos_id,
         constraint=constraint,
+        finish_penalty=finish,
         return_log_probs=True,
     )
     if nbest:
@@ -381,6 +413,7 @@ def _search_rows(
         ),
         grammar=grammar,
         nbest=nbest,
+        coverage_penalty=decode.coverage_penalty,
     )
 
     def rows(
