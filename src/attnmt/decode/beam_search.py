@@ -293,8 +293,8 @@ def _sentence_done(
     (increasing for alpha >= 0, decreasing for alpha < 0), so the max is at one end. Dividing by
     the *largest* penalty is the optimistic choice because l is negative. A finish penalty
     (:data:`FinishPenalty`) is ≤ 0, so it can only lower a final score: the bound holds with
-    it as it is. Empty finished slots
-    (-inf) keep a sentence running while any beam is alive; dead beams (-inf) never do.
+    it as it is. Empty finished slots (-inf) keep a sentence running while any beam is
+    alive; dead beams (-inf) never do.
     """
     best_lp = jnp.maximum(length_penalty(new_len + 1, alpha), length_penalty(row_max, alpha))
     bound = jnp.max(live_logp, axis=1) / best_lp  # [batch]
