@@ -210,6 +210,10 @@ def test_attention_maps_match_marian(hf, hf_dir, workdir):
             {"positional_layout": "halves", "layer_norm_epsilon": 1e-5, "norm_type": "scale"},
             "model.norm_type",
         ),
+        (
+            {"positional_layout": "halves", "layer_norm_epsilon": 1e-5, "qk_norm": True},
+            "model.qk_norm",
+        ),
         ({"positional_layout": "halves", "layer_norm_epsilon": 1e-5, "d_k": 32}, "model.d_k"),
     ],
 )

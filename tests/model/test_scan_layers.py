@@ -23,8 +23,10 @@ SRC = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]])
 TGT = jnp.array([[11, 12, 13, 1, 0], [14, 1, 0, 0, 0]])
 
 
-def _configs(norm_position, norm_type="layer"):
-    per_layer = dataclasses.replace(CONFIG, norm_position=norm_position, norm_type=norm_type)
+def _configs(norm_position, norm_type="layer", qk_norm=False):
+    per_layer = dataclasses.replace(
+        CONFIG, norm_position=norm_position, norm_type=norm_type, qk_norm=qk_norm
+    )
     return per_layer, dataclasses.replace(per_layer, scan_layers=True)
 
 
@@ -62,10 +64,16 @@ def test_stack_and_unstack_are_exact_inverses():
 
 
 @pytest.mark.parametrize(
-    ("norm_position", "norm_type"), [("post", "layer"), ("pre", "layer"), ("pre", "scale")]
+    ("norm_position", "norm_type", "qk_norm"),
+    [
+        ("post", "layer", False),
+        ("pre", "layer", False),
+        ("pre", "scale", False),
+        ("pre", "layer", True),  # QKNorm's gains stack like ScaleNorm's scalars
+    ],
 )
-def test_scanned_logits_and_gradients_equal_the_per_layer_model(norm_position, norm_type):
-    per_layer, scanned = _configs(norm_position, norm_type)
+def test_scanned_logits_and_gradients_equal_the_per_layer_model(norm_position, norm_type, qk_norm):
+    per_layer, scanned = _configs(norm_position, norm_type, qk_norm)
     params = _per_layer_params(per_layer)
     stacked = layout.stack_layers(params, per_layer)
     weights = jax.random.normal(jax.random.PRNGKey(3), (2, 5, CONFIG.vocab_size))

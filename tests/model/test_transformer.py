@@ -104,18 +104,19 @@ def test_one_embedding_matrix_serves_source_target_and_output():
 
 
 @pytest.mark.parametrize(
-    "positional,norm_position,gated,norm_type",
+    "positional,norm_position,gated,norm_type,qk_norm",
     [
-        ("sinusoidal", "post", False, "layer"),
-        ("learned", "post", False, "layer"),
-        ("sinusoidal", "pre", False, "layer"),
-        ("sinusoidal", "pre", True, "layer"),  # SwiGLU (model.gated_ffn)
-        ("sinusoidal", "pre", True, "scale"),  # ScaleNorm (model.norm_type)
+        ("sinusoidal", "post", False, "layer", False),
+        ("learned", "post", False, "layer", False),
+        ("sinusoidal", "pre", False, "layer", False),
+        ("sinusoidal", "pre", True, "layer", False),  # SwiGLU (model.gated_ffn)
+        ("sinusoidal", "pre", True, "scale", False),  # ScaleNorm (model.norm_type)
+        ("sinusoidal", "pre", False, "layer", True),  # QKNorm: the caches hold unit keys
     ],
 )
 @pytest.mark.parametrize("length", [1, 4, 9])
 def test_incremental_decoding_equals_teacher_forcing(
-    positional, norm_position, gated, norm_type, length
+    positional, norm_position, gated, norm_type, qk_norm, length
 ):
     config = dataclasses.replace(
         CONFIG,
@@ -123,6 +124,7 @@ def test_incremental_decoding_equals_teacher_forcing(
         norm_position=norm_position,
         gated_ffn=gated,
         norm_type=norm_type,
+        qk_norm=qk_norm,
         activation="swish" if gated else CONFIG.activation,
     )
     model, params = _init(config)

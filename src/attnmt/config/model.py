@@ -62,6 +62,16 @@ class ModelConfig:
     # g · x / ‖x‖ with one learned scalar g per norm, started at √d_model, reported to help
     # pre-norm models on small corpora. The choice holds for every norm in the model.
     norm_type: NormType = "layer"
+    # QKNorm (Henry et al. 2020, "Query-Key Normalization for Transformers"; not in the
+    # paper): every head's query and key are scaled to unit length and their dot product is
+    # multiplied by one learned scalar g per attention layer instead of divided by √d_k, so
+    # no logit can exceed g and the softmax cannot saturate by growth of q and k alone.
+    # False = §3.2.1's scaled dot product.
+    qk_norm: bool = False
+    # QKNorm's g at initialisation. Henry et al. start it at log2(L² − L), L the 97.5th
+    # percentile of the training sequences' lengths in tokens: Multi30K's, with EOS and 6,000
+    # joint BPE pieces, are 27 (English) and 34 (French), giving 9.5 and 10.1; L = 90 gives 13.
+    qk_norm_gain: float = 10.0
     # Run each stack as one nn.scan over stacked layer parameters: the train step is traced
     # and compiled once per stack instead of once per layer. Same function and parameter
     # count; decoding converts to the per-layer layout (attnmt.model.layout).
@@ -118,6 +128,8 @@ class ModelConfig:
                 f"model.vocab_size={self.vocab_size} leaves no room beyond the "
                 f"{NUM_SPECIAL_TOKENS} special tokens (pad, eos, bos, unk)"
             )
+        if not self.qk_norm_gain > 0:
+            raise ConfigError(f"model.qk_norm_gain must be positive, got {self.qk_norm_gain!r}")
         self._check_interop_options()
         if not self.share_embeddings:
             raise ConfigError(

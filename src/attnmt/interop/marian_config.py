@@ -143,6 +143,7 @@ def check_exportable(model: ModelConfig) -> None:
         ("norm_type", "layer", "MarianMTModel normalises with LayerNorm"),
         ("layer_norm_epsilon", HF_LAYER_NORM_EPSILON, "MarianMTModel's LayerNorm uses 1e-5"),
         ("gated_ffn", False, "MarianMTModel's FFN has no gate"),
+        ("qk_norm", False, "MarianMTModel's attention divides by √d_k, without QKNorm"),
     )
     for key, wanted, why in required:
         if getattr(model, key) != wanted:

@@ -117,18 +117,25 @@ class PositionalEncoding(nn.Module):
 
 
 def dot_product_attention_weights(
-    query: jax.Array, key: jax.Array, mask: jax.Array | None, *, heads_major: bool = False
+    query: jax.Array,
+    key: jax.Array,
+    mask: jax.Array | None,
+    *,
+    heads_major: bool = False,
+    scale: jax.Array | float | None = None,
 ) -> jax.Array:
     """softmax(Q Kᵀ / √d_k) with illegal connections masked (§3.2.1).
 
     query [batch, q_len, heads, d_k], key [batch, kv_len, heads, d_k] (or, with
     `heads_major`, [batch, heads, kv_len, d_k] as the decode caches store it),
-    mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend).
-    Returns float32 weights [batch, heads, q_len, kv_len].
+    mask broadcastable to [batch, heads, q_len, kv_len] (True = may attend). `scale`
+    replaces 1/√d_k (QKNorm's learned gain). Returns float32 weights [batch, heads, q_len,
+    kv_len].
     """
-    d_k = query.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
     equation = "bqhd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
-    logits = jnp.einsum(equation, query, key).astype(jnp.float32) / math.sqrt(d_k)
+    logits = jnp.einsum(equation, query, key).astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, _MASKED)
     return jax.nn.softmax(logits, axis=-1)
@@ -198,7 +205,23 @@ class MultiHeadAttention(nn.Module):
     def _keys_values(self, inputs_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
         key = self._project(inputs_kv, self.config.d_k, "key")  # [batch, kv_len, heads, d_k]
         value = self._project(inputs_kv, self.config.d_v, "value")  # [batch, kv_len, heads, d_v]
-        return key, value
+        # Normalised before any cache stores them, so cached keys need nothing more.
+        return self._unit_length(key), value
+
+    def _unit_length(self, x: jax.Array) -> jax.Array:
+        """Each head's query or key divided by its length, under model.qk_norm (QKNorm)."""
+        if not self.config.qk_norm:
+            return x
+        x32 = x.astype(jnp.float32)  # the length in float32 even when computing in bfloat16
+        length = jnp.linalg.norm(x32, axis=-1, keepdims=True)
+        return (x32 / jnp.maximum(length, self.config.layer_norm_epsilon)).astype(x.dtype)
+
+    def _logit_scale(self) -> jax.Array | None:
+        """QKNorm's learned gain g (one scalar per attention layer), or None for 1/√d_k."""
+        if not self.config.qk_norm:
+            return None
+        start = nn.initializers.constant(self.config.qk_norm_gain)
+        return self.param("qk_gain", _partitioned(start, ()), (), jnp.float32)
 
     @nn.compact
     def __call__(
@@ -212,7 +235,7 @@ class MultiHeadAttention(nn.Module):
         max_decode_len: int = 0,
     ) -> jax.Array:
         cfg = self.config
-        query = self._project(inputs_q, cfg.d_k, "query")  # [batch, q_len, heads, d_k]
+        query = self._unit_length(self._project(inputs_q, cfg.d_k, "query"))
         query = constrain(query, (axes.BATCH, axes.LENGTH, axes.HEADS, axes.KV))
         # Decode caches hold keys/values heads-major, [batch, heads, kv_len, d]: the layout
         # the attention matmuls read, so no step re-transposes a whole cache.
@@ -227,7 +250,9 @@ class MultiHeadAttention(nn.Module):
             kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.KV)
         key, value = constrain(key, kv_names), constrain(value, kv_names)
 
-        weights = dot_product_attention_weights(query, key, mask, heads_major=decode)
+        weights = dot_product_attention_weights(
+            query, key, mask, heads_major=decode, scale=self._logit_scale()
+        )
         self.sow("intermediates", "attention_weights", weights)
         if train and cfg.attention_dropout_rate > 0:
             weights = nn.Dropout(rate=cfg.attention_dropout_rate)(weights, deterministic=False)
