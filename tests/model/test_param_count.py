@@ -66,4 +66,7 @@ def test_multi30k_recipe_count_matches_formula(pair, gated, norm_type):
         gated=m.gated_ffn,
         scale=m.norm_type == "scale",
     )
+    # QKNorm (the En→Fr recipe's): one gain per attention layer, 1 per encoder layer and 2
+    # per decoder layer.
+    expected += 3 * m.num_layers if m.qk_norm else 0
     assert count_parameters(m)["total"] == expected
