@@ -125,12 +125,11 @@ def get_config(arg: str | None = None):
     # both seeds at every evaluation from 800 updates, by 0.021-0.030 from 1,600 (a seed moves
     # it ≤ 0.013): 1.039 against 1.062 / 1.060 at 3,200, 0.988 against 1.017 / 1.009 at 4,000;
     # val 56.33 against 55.95 at 3,200 updates, the same cost per update. En→De (session 48,
-    # the same CPU kind, seed 0, docs/REPRODUCING.md "QKNorm for the En→De hour"): 0.029-0.041
+    # the same CPU kind, seed 0, docs/REPRODUCING.md "QKNorm for the En→De hour"): 0.027-0.041
     # ahead of the recipe rerun there from 1,200 to 3,200 updates (1.695 against 1.724 at
     # 3,200; its seeds differ by ≤ 0.017), val 38.79 against 38.75 at 3,200: level, chosen on
-    # the loss as λ 0.2 was. Both hours use it;
-    # the quick run keeps plain attention, untried. Neither hour's test on the AVX-512 CPU of
-    # the goal figures is measured yet.
+    # the loss as λ 0.2 was. Both hours use it; the quick run keeps plain attention, untried.
+    # Neither hour's test on the AVX-512 CPU of the goal figures is measured yet.
     config.model.qk_norm = args["pair"] == "en-fr" or not args["quick"]
     # The quick run with 0 (session 40, its 2,563 updates): updates 4 % cheaper, the average's
     # val nll 0.01-0.025 ahead from 1,600 updates, val sacreBLEU 37.19 against 37.37; not
