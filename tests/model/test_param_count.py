@@ -11,9 +11,21 @@ from tests.helpers import CONFIGS
 
 
 def closed_form(
-    d, d_ff, h, d_k, d_v, n, vocab, learned_positions=0, pre_norm=False, gated=False, scale=False
+    d,
+    d_ff,
+    h,
+    d_k,
+    d_v,
+    n,
+    vocab,
+    learned_positions=0,
+    pre_norm=False,
+    gated=False,
+    scale=False,
+    qk_norm=False,
 ):
     attention = d * h * d_k * 2 + d * h * d_v + h * d_v * d  # W^Q, W^K, W^V, W^O (no biases)
+    attention += 1 if qk_norm else 0  # QKNorm's one gain per attention layer (model.qk_norm)
     ffn = d * d_ff + d_ff + d_ff * d + d  # W1, b1, W2, b2
     ffn += (d * d_ff + d_ff) if gated else 0  # the gate's V and c (model.gated_ffn)
     norm = 1 if scale else 2 * d  # ScaleNorm's one gain (model.norm_type), or gain and bias
@@ -65,8 +77,6 @@ def test_multi30k_recipe_count_matches_formula(pair, gated, norm_type):
         pre_norm=m.norm_position == "pre",
         gated=m.gated_ffn,
         scale=m.norm_type == "scale",
+        qk_norm=m.qk_norm,
     )
-    # QKNorm (the En→Fr recipe's): one gain per attention layer, 1 per encoder layer and 2
-    # per decoder layer.
-    expected += 3 * m.num_layers if m.qk_norm else 0
     assert count_parameters(m)["total"] == expected
